@@ -1,0 +1,87 @@
+#include "core/dtype.h"
+
+namespace mm3 {
+
+size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::F32: return 4;
+    case DType::BF16: return 2;
+    case DType::F16: return 2;
+    case DType::I64: return 8;
+    case DType::I32: return 4;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::F32: return "F32";
+    case DType::BF16: return "BF16";
+    case DType::F16: return "F16";
+    case DType::I64: return "I64";
+    case DType::I32: return "I32";
+  }
+  return "?";
+}
+
+std::optional<DType> dtype_from_name(std::string_view s) {
+  if (s == "F32") return DType::F32;
+  if (s == "BF16") return DType::BF16;
+  if (s == "F16") return DType::F16;
+  if (s == "I64") return DType::I64;
+  if (s == "I32") return DType::I32;
+  return std::nullopt;
+}
+
+uint16_t f32_to_f16_bits(float f) {
+  uint32_t x = f32_bits(f);
+  uint32_t sign = (x >> 16) & 0x8000u;
+  uint32_t absx = x & 0x7FFFFFFFu;
+  if (absx > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u);  // NaN
+  if (absx >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // overflow -> inf
+  if (absx < 0x38800000u) {
+    // Result is subnormal (or zero): value = absx as float; scale to units of 2^-24 with RNE.
+    if (absx < 0x33000000u) return static_cast<uint16_t>(sign);  // < 2^-25 rounds to 0
+    uint32_t mant = (absx & 0x7FFFFFu) | 0x800000u;
+    int e = static_cast<int>(absx >> 23);  // biased exponent, 102..112
+    int shift = 126 - e;                   // 14..24
+    uint32_t r = mant >> shift;
+    uint32_t rem = mant & ((1u << shift) - 1);
+    uint32_t half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (r & 1u))) ++r;
+    return static_cast<uint16_t>(sign | r);
+  }
+  // Normal: rebias exponent (127 -> 15) and round the 13 dropped mantissa bits to nearest even.
+  uint32_t r = absx - 0x38000000u;  // exponent rebias
+  uint32_t lsb = (r >> 13) & 1u;
+  r += 0xFFFu + lsb;
+  return static_cast<uint16_t>(sign | (r >> 13));
+}
+
+float f16_bits_to_f32(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t e = (h >> 10) & 0x1Fu;
+  uint32_t m = h & 0x3FFu;
+  if (e == 0) {
+    if (m == 0) return f32_from_bits(sign);
+    float v = std::ldexp(static_cast<float>(m), -24);
+    return sign ? -v : v;
+  }
+  if (e == 31) return f32_from_bits(sign | 0x7F800000u | (m << 13));
+  return f32_from_bits(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+void round_to_store(float* x, size_t n, DType store) {
+  if (store != DType::BF16) return;
+  for (size_t i = 0; i < n; ++i) x[i] = round_bf16(x[i]);
+}
+
+void bf16_to_f32(const uint16_t* src, float* dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = bf16_bits_to_f32(src[i]);
+}
+
+void f32_to_bf16(const float* src, uint16_t* dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = f32_to_bf16_bits(src[i]);
+}
+
+}  // namespace mm3

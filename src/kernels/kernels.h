@@ -1,0 +1,149 @@
+// kernels.h — the op interface model code calls (ARCHITECTURE.md: ops agnostic of the model).
+//
+// Conventions (read these before adding a kernel):
+// * Activations are float buffers. `store` is the dtype torch would hold the op's *output* in: with
+//   DType::BF16 the kernel rounds each written value to the nearest bf16 (round_bf16), exactly at the
+//   op boundary where torch rounds; with DType::F32 it never rounds. Inputs of a bf16 computation are
+//   already bf16-valued floats. Internal accumulation is fp32 or wider.
+// * Matrices are row-major with an explicit leading dimension (elements between rows), so a kernel can
+//   read a column block of a fused buffer or a KV cache without a copy.
+// * Dim order in comments is PyTorch's. `[S, H, D]` = tokens, heads, head dim (token-major rows).
+// * Every kernel here has a scalar, double-accumulating twin in ref/ref_kernels.h (tests only) with
+//   the same signature in namespace mm3::ref.
+// * Kernels that parallelise take the ThreadPool explicitly; none reads a global thread count.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+
+namespace mm3::kern {
+
+// ---------------------------------------------------------------------------------------------
+// Linear / GEMM
+// ---------------------------------------------------------------------------------------------
+
+// A Linear layer's weight in torch layout [out, in] (row n produces output n), stored F32 or BF16
+// (usually a zero-copy view of the checkpoint), plus an optional bias [out] (F32 or BF16).
+// Immutable once built; a backend may attach a prepacked copy at construction (`prepack()`).
+class LinearWeight {
+ public:
+  LinearWeight() = default;
+  explicit LinearWeight(Tensor weight, Tensor bias = Tensor());
+  int64_t out_features() const { return out_; }
+  int64_t in_features() const { return in_; }
+  const Tensor& weight() const { return w_; }
+  const Tensor& bias() const { return b_; }
+  bool has_bias() const { return b_.numel() > 0; }
+  const float* bias_f32() const { return bias_f32_.empty() ? nullptr : bias_f32_.data(); }
+  // Backend-private prepacked form (e.g. oneDNN blocked bf16); null when not packed.
+  std::shared_ptr<const void> packed;
+
+ private:
+  Tensor w_, b_;
+  std::vector<float> bias_f32_;
+  int64_t out_ = 0, in_ = 0;
+};
+
+// y[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]), for m < M. x rows stride ldx >= in, y rows stride
+// ldy >= out. Accumulates in fp32; the result is rounded once to `store`. Small M (decode, M <= 2..4)
+// dispatches to a GEMV that streams each weight row once for all M rows.
+void linear(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const LinearWeight& w, float* y,
+            int64_t ldy, DType store);
+
+// Plain fp32 GEMM (OpenBLAS): C[M,N] = alpha * op(A) * op(B) + beta * C, row-major.
+void gemm_f32(const ThreadPool& pool, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+              const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+// ---------------------------------------------------------------------------------------------
+// Gathers, norms, positional encodings
+// ---------------------------------------------------------------------------------------------
+
+// out[i, :] = table[ids[i], :] for a [V, H] F32 or BF16 table (exact: bf16 -> f32 is lossless).
+// Throws InvalidInput when an id is outside [0, V).
+void embedding(const Tensor& table, const int64_t* ids, int64_t n, float* out, int64_t ldo);
+
+// torch RMSNorm (Qwen3RMSNorm / diffusers RMSNorm): var = mean(x^2) in fp32; xn = x * rsqrt(var+eps)
+// in fp32; xn rounded to `store`; y = weight * xn rounded to `store`. weight is [dim] (float values).
+void rms_norm(const float* x, int64_t rows, int64_t dim, int64_t ldx, const float* weight, float eps, float* y,
+              int64_t ldy, DType store);
+
+// torch LayerNorm over the last dim (biased variance), affine: y = (x - mean) / sqrt(var + eps) * w + b.
+void layer_norm(const float* x, int64_t rows, int64_t dim, int64_t ldx, const float* weight, const float* bias,
+                float eps, float* y, int64_t ldy, DType store);
+
+// RoPE tables as transformers' default rope computes them: inv_freq[i] = 1 / theta^(2i / rot_dim)
+// (fp32), freqs = pos * inv_freq (fp32), emb = cat(freqs, freqs), cos/sin in fp32 then rounded to
+// `store`. cos/sin are [n_pos, rot_dim].
+void rope_tables(const int64_t* positions, int64_t n_pos, int rot_dim, double theta, float* cos, float* sin,
+                 DType store);
+
+// In-place rotate_half RoPE on the first rot_dim dims of every head: x is [S, H, head_dim] with token
+// stride ld; cos/sin are [S, rot_dim]. For each head: r = x[:rot_dim];
+// r' = r * cos + rotate_half(r) * sin, rotate_half([a, b]) = [-b, a]; dims >= rot_dim unchanged.
+// With store BF16 each of the two products and the sum round to bf16 (torch's three ops).
+void rope_apply(float* x, int64_t S, int H, int head_dim, int64_t ld, const float* cos, const float* sin,
+                int rot_dim, DType store);
+
+// ---------------------------------------------------------------------------------------------
+// Attention
+// ---------------------------------------------------------------------------------------------
+
+// Scaled dot-product attention with GQA. q: [Sq, Hq, D], token stride ldq. k, v: [Skv, Hkv, D],
+// token stride ldkv, element type kv_dtype (F32 floats or BF16 bits). out: [Sq, Hq, D], stride ldo.
+// Query head h reads KV head h / (Hq / Hkv). causal: query i sits at absolute position q_pos0 + i and
+// sees keys [0, q_pos0 + i]; otherwise every key. Scores and softmax in fp32; output rounded to store.
+void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* k, const void* v, int64_t ldkv,
+               DType kv_dtype, float* out, int64_t ldo, int64_t Sq, int64_t Skv, int Hq, int Hkv, int D, float scale,
+               bool causal, int64_t q_pos0, DType store);
+
+// In-place softmax over each row of [rows, cols] (fp32, max-subtracted).
+void softmax_rows(float* x, int64_t rows, int64_t cols);
+
+// ---------------------------------------------------------------------------------------------
+// Elementwise
+// ---------------------------------------------------------------------------------------------
+
+// out = silu(gate) * up; with BF16 store, silu's result rounds before the product (torch's two ops).
+// Serves SwiGLU (Qwen3: silu(gate) * up) and the DiT's GLU (a * silu(g): pass gate = g, up = a).
+void silu_mul(const float* gate, const float* up, float* out, int64_t n, DType store);
+void silu(const float* x, float* out, int64_t n, DType store);
+// out = a + b (residual), rounded to store.
+void add(const float* a, const float* b, float* out, int64_t n, DType store);
+// In-place tanh.
+void tanh_inplace(float* x, int64_t n, DType store);
+// Snake over [C, L]: y = x + 1 / (alpha[c] + 1e-9) * sin(alpha[c] * x)^2, in one pass.
+void snake(const float* x, const float* alpha, float* y, int64_t C, int64_t L, DType store);
+
+// ---------------------------------------------------------------------------------------------
+// Convolutions and resampling (one batch item; [C, L] channel-major like torch)
+// ---------------------------------------------------------------------------------------------
+
+inline int64_t conv1d_out_len(int64_t L, int K, int stride, int pad, int dilation) {
+  return (L + 2 * pad - dilation * (K - 1) - 1) / stride + 1;
+}
+inline int64_t conv_transpose1d_out_len(int64_t L, int K, int stride, int pad, int output_padding) {
+  return (L - 1) * stride - 2 * pad + K + output_padding;
+}
+
+// torch Conv1d (zero padding): x [Cin, L], w [Cout, Cin, K], bias [Cout] or null, y [Cout, Lout].
+void conv1d(const ThreadPool& pool, const float* x, int64_t Cin, int64_t L, const float* w, const float* bias,
+            int64_t Cout, int K, int stride, int pad, int dilation, float* y, DType store);
+
+// torch ConvTranspose1d: x [Cin, L], w [Cin, Cout, K], bias [Cout] or null, y [Cout, Lout].
+void conv_transpose1d(const ThreadPool& pool, const float* x, int64_t Cin, int64_t L, const float* w,
+                      const float* bias, int64_t Cout, int K, int stride, int pad, int output_padding, float* y,
+                      DType store);
+
+// torch F.interpolate(mode="nearest") source index (ATen nearest_idx, legacy float32 scale rule).
+int64_t nearest_src_index(int64_t dst, int64_t in_len, int64_t out_len);
+// x [C, Lin] -> y [C, Lout] by nearest_src_index.
+void interpolate_nearest(const float* x, int64_t C, int64_t Lin, int64_t Lout, float* y);
+
+// out [cols, rows] = transpose of x [rows, cols] (x row stride ldx).
+void transpose_2d(const float* x, int64_t rows, int64_t cols, int64_t ldx, float* out);
+
+}  // namespace mm3::kern

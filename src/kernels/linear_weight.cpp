@@ -1,0 +1,18 @@
+// linear_weight.cpp — LinearWeight construction (kernels.h).
+#include "kernels/kernels.h"
+
+namespace mm3::kern {
+
+LinearWeight::LinearWeight(Tensor weight, Tensor bias) : w_(std::move(weight)), b_(std::move(bias)) {
+  if (w_.ndim() != 2 || !w_.is_contiguous() || (w_.dtype() != DType::F32 && w_.dtype() != DType::BF16))
+    throw InternalError("LinearWeight: weight must be a contiguous 2-D F32 or BF16 tensor, got " + w_.describe());
+  out_ = w_.dim(0);
+  in_ = w_.dim(1);
+  if (b_.numel() > 0) {
+    if (b_.ndim() != 1 || b_.dim(0) != out_)
+      throw InternalError("LinearWeight: bias " + b_.describe() + " does not match weight " + w_.describe());
+    bias_f32_ = b_.to_f32_vector();
+  }
+}
+
+}  // namespace mm3::kern

@@ -1,0 +1,12 @@
+// kind_acoustic.cpp — golden kinds `condition_encoder`, `transformer`, `vocoder`, `acoustic` (issue 5).
+// Not implemented yet.
+#include "verify/kinds.h"
+
+namespace mm3::verify {
+
+CaseOutputs run_condition_encoder_case(const CaseInput&) { throw NotImplemented("condition_encoder runner"); }
+CaseOutputs run_transformer_case(const CaseInput&) { throw NotImplemented("transformer runner"); }
+CaseOutputs run_vocoder_case(const CaseInput&) { throw NotImplemented("vocoder runner"); }
+CaseOutputs run_acoustic_case(const CaseInput&) { throw NotImplemented("acoustic runner"); }
+
+}  // namespace mm3::verify

@@ -1,0 +1,48 @@
+// cmd_verify.cpp — `mm3 verify GOLDEN_DIR [--kind K]... [--case NAME]...`
+#include "commands.h"
+#include "core/thread_pool.h"
+#include "verify/verify.h"
+
+namespace mm3::cli {
+namespace {
+
+struct VerifyArgs {
+  std::string dir;
+  std::vector<std::string> kinds, cases;
+  bool verbose = false;
+  int threads = 0;
+};
+
+RegisterCommand reg{{"verify", 20,
+                     [](CLI::App& sub) -> std::function<int()> {
+                       auto a = std::make_shared<VerifyArgs>();
+                       sub.add_option("GOLDEN_DIR", a->dir, "golden set directory (holds manifest.json)")->required();
+                       sub.add_option("--kind", a->kinds,
+                                      "only cases of this kind (repeatable): scheduler, tokenizer, language_model, "
+                                      "rvq_depth_decoder, condition_encoder, transformer, vocoder, acoustic, e2e");
+                       sub.add_option("--case", a->cases, "only the case with this name (repeatable)");
+                       sub.add_flag("-v,--verbose", a->verbose, "print notes of passing cases too");
+                       sub.add_option("-t,--threads", a->threads, "threads (default: all cores)");
+                       sub.footer(
+                           "Runs each case of GOLDEN_DIR/manifest.json and applies its checks with the rules of\n"
+                           "golden/README.md. Prints one line per case (PASS/FAIL name kind metrics), then\n"
+                           "'N passed, N failed'. Exit 0 only when nothing failed.\n\n"
+                           "Example:\n  mm3 verify ../shared/golden/v1 --kind scheduler --kind vocoder");
+                       return [a]() {
+                         ThreadPool pool(a->threads);
+                         verify::VerifyOptions opt{a->kinds, a->cases, a->verbose};
+                         auto reports = verify::run_verify(a->dir, opt, pool, stdout);
+                         int passed = 0, failed = 0;
+                         for (const auto& r : reports) (r.pass ? passed : failed)++;
+                         std::printf("%d passed, %d failed\n", passed, failed);
+                         if (reports.empty()) {
+                           std::fprintf(stderr, "mm3 verify: no case matched the filters\n");
+                           return 1;
+                         }
+                         return failed ? 1 : 0;
+                       };
+                     },
+                     "run a golden set and compare (PASS/FAIL per case)"}};
+
+}  // namespace
+}  // namespace mm3::cli
