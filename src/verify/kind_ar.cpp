@@ -7,3 +7,9 @@ CaseOutputs run_language_model_case(const CaseInput&) { throw NotImplemented("la
 CaseOutputs run_rvq_depth_decoder_case(const CaseInput&) { throw NotImplemented("rvq_depth_decoder runner"); }
 
 }  // namespace mm3::verify
+
+namespace mm3::verify {
+void e2e_ar_part(const CaseInput&, CaseOutputs& out) {
+  for (const char* o : {"codes", "frame_hiddens"}) out.extra.push_back({o, "e2e", false, "", "not implemented"});
+}
+}  // namespace mm3::verify

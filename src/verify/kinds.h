@@ -13,7 +13,12 @@ CaseOutputs run_condition_encoder_case(const CaseInput& in);  // kind_acoustic.c
 CaseOutputs run_transformer_case(const CaseInput& in);        // kind_acoustic.cpp
 CaseOutputs run_vocoder_case(const CaseInput& in);            // kind_acoustic.cpp
 CaseOutputs run_acoustic_case(const CaseInput& in);           // kind_acoustic.cpp
-CaseOutputs run_e2e_case(const CaseInput& in);                // kind_e2e.cpp
+CaseOutputs run_e2e_case(const CaseInput& in);                // kind_e2e.cpp: joins the three parts below
+
+// The parts of an `e2e` case, each next to its stage; each adds its outputs / gated checks / notes.
+void e2e_text_part(const CaseInput& in, CaseOutputs& out);      // kind_tokenizer.cpp: text_ids from caption+lyrics
+void e2e_ar_part(const CaseInput& in, CaseOutputs& out);        // kind_ar.cpp: codes, frame_hiddens, guided rows
+void e2e_acoustic_part(const CaseInput& in, CaseOutputs& out);  // kind_acoustic.cpp: latents_k, audio
 
 // The tokenizer pseudo-kind: reads tokenize.jsonl / prompts.jsonl / prompt_errors.jsonl when present
 // in the golden dir; one report per file (kind_tokenizer.cpp).
