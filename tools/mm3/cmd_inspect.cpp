@@ -132,8 +132,11 @@ RegisterCommand reg{{"inspect", 10,
                          try {
                            return run_inspect(a->dir, a->tensors);
                          } catch (const BadModel& e) {
-                           // For inspect the checkpoint *is* the input: a defect is an input error.
-                           throw InvalidInput(e.what());
+                           // For inspect the checkpoint *is* the input: a defect exits 2 (as bad input
+                           // does elsewhere), while `generate` reports a bad model with exit 3.
+                           std::fflush(stdout);
+                           std::fprintf(stderr, "mm3: error (bad model): %s\n", e.what());
+                           return 2;
                          }
                        };
                      },

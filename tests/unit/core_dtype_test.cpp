@@ -1,0 +1,107 @@
+// core_dtype_test.cpp — bf16/f16 conversions bit-identical to torch, and Tensor views.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+
+namespace mm3 {
+namespace {
+
+// Inputs (as f32 bit patterns) and torch 1.13's `.to(torch.bfloat16)` / `.to(torch.float16)` results,
+// produced with /usr/bin/python3 on this machine. NaN is the exception: the issue pins NaN -> 0x7FC0
+// (c10's scalar round_to_nearest_even); torch's vectorised tensor path writes 0xFFFF, also a NaN.
+struct Case {
+  uint32_t f32;
+  uint16_t bf16, f16;
+};
+const Case kCases[] = {
+    {0x00000000, 0x0000, 0x0000}, {0x80000000, 0x8000, 0x8000}, {0x3f800000, 0x3f80, 0x3c00},
+    {0x3f808000, 0x3f80, 0x3c04},  // tie: rounds to even (down)
+    {0x3f80c000, 0x3f81, 0x3c06},  // above half: up
+    {0x3f802000, 0x3f80, 0x3c01}, {0x40490fdb, 0x4049, 0x4248}, {0xc02df854, 0xc02e, 0xc170},
+    {0x000116c2, 0x0001, 0x0000},  // f32 subnormal
+    {0x7f7fc99e, 0x7f80, 0x7c00},  // rounds up to +inf in bf16
+    {0x7f7f0906, 0x7f7f, 0x7c00}, {0x7f800000, 0x7f80, 0x7c00}, {0xff800000, 0xff80, 0xfc00},
+    {0x477fe000, 0x4780, 0x7bff}, {0x00800000, 0x0080, 0x0000}, {0x3dcccccd, 0x3dcd, 0x2e66},
+    {0xbeaaaaaa, 0xbeab, 0xb555},
+};
+
+TEST(DType, Bf16MatchesTorch) {
+  for (const Case& c : kCases) {
+    EXPECT_EQ(f32_to_bf16_bits(f32_from_bits(c.f32)), c.bf16) << std::hex << c.f32;
+  }
+  EXPECT_EQ(f32_to_bf16_bits(std::numeric_limits<float>::quiet_NaN()), 0x7FC0);
+  EXPECT_EQ(f32_to_bf16_bits(-std::numeric_limits<float>::quiet_NaN()), 0x7FC0);
+}
+
+TEST(DType, F16MatchesTorch) {
+  for (const Case& c : kCases) {
+    EXPECT_EQ(f32_to_f16_bits(f32_from_bits(c.f32)), c.f16) << std::hex << c.f32;
+  }
+  EXPECT_TRUE(std::isnan(f16_bits_to_f32(f32_to_f16_bits(NAN))));
+}
+
+TEST(DType, Bf16RoundTripIsExactForBf16Values) {
+  for (uint32_t b = 0; b < 0x10000; b += 7) {
+    const float f = bf16_bits_to_f32(static_cast<uint16_t>(b));
+    if (std::isnan(f)) continue;
+    EXPECT_EQ(f32_to_bf16_bits(f), b);
+  }
+}
+
+TEST(DType, F16RoundTripIsExactForF16Values) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = f16_bits_to_f32(static_cast<uint16_t>(h));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(f32_to_f16_bits(f), h) << std::hex << h;
+  }
+}
+
+TEST(DType, F16SubnormalRounding) {
+  // 2^-24 is the smallest f16 subnormal; 1.5 * 2^-24 ties to even (2 * 2^-24); 2^-25 ties to 0.
+  EXPECT_EQ(f32_to_f16_bits(std::ldexp(1.0f, -24)), 0x0001);
+  EXPECT_EQ(f32_to_f16_bits(std::ldexp(1.5f, -24)), 0x0002);
+  EXPECT_EQ(f32_to_f16_bits(std::ldexp(1.0f, -25)), 0x0000);
+  EXPECT_EQ(f32_to_f16_bits(std::ldexp(1.0001f, -25)), 0x0001);
+}
+
+TEST(Tensor, ViewsShareStorageAndFollowTorchStrides) {
+  Tensor t = Tensor::empty(DType::F32, {2, 3, 4});
+  float* p = t.data<float>();
+  for (int i = 0; i < 24; ++i) p[i] = static_cast<float>(i);
+  EXPECT_EQ(t.strides(), (std::vector<int64_t>{12, 4, 1}));
+  Tensor tr = t.transpose(1, 2);  // [2, 4, 3]
+  EXPECT_FALSE(tr.is_contiguous());
+  Tensor c = tr.contiguous();
+  // c[b, j, i] == t[b, i, j]
+  EXPECT_EQ(c.data<float>()[0 * 12 + 1 * 3 + 2], p[0 * 12 + 2 * 4 + 1]);
+  EXPECT_EQ(c.data<float>()[1 * 12 + 3 * 3 + 0], p[1 * 12 + 0 * 4 + 3]);
+  Tensor s = t.slice(2, 1, 3);  // [2, 3, 2]
+  EXPECT_EQ(s.shape(), (Shape{2, 3, 2}));
+  EXPECT_EQ(s.contiguous().data<float>()[3], p[1 * 4 + 2]);
+  Tensor sel = t.select(0, 1);  // [3, 4]
+  EXPECT_EQ(sel.data<float>()[0], 12.0f);
+  p[12] = 99.0f;  // a view sees writes to the base
+  EXPECT_EQ(sel.data<float>()[0], 99.0f);
+  EXPECT_EQ(t.view({6, -1}).shape(), (Shape{6, 4}));
+  EXPECT_THROW(tr.view({24}), InternalError);
+  EXPECT_THROW(t.data<bf16_t>(), InternalError);
+}
+
+TEST(Tensor, ConversionRoundsLikeTorch) {
+  Tensor t = Tensor::from_f32({1.00390625f, 1.005859375f, -2.7182818f}, {3});
+  Tensor b = t.to(DType::BF16);
+  EXPECT_EQ(b.data<bf16_t>()[0].bits, 0x3f80);
+  EXPECT_EQ(b.data<bf16_t>()[1].bits, 0x3f81);
+  EXPECT_EQ(b.data<bf16_t>()[2].bits, 0xc02e);
+  Tensor back = b.to(DType::F32);
+  EXPECT_EQ(back.data<float>()[1], bf16_bits_to_f32(0x3f81));
+  Tensor i = Tensor::from_i64({-3, 5, 1ll << 40}, {3});
+  EXPECT_EQ(i.to(DType::I64).to_i64_vector()[2], 1ll << 40);  // ints never pass through float
+}
+
+}  // namespace
+}  // namespace mm3
