@@ -1,0 +1,68 @@
+// elementwise.cpp — kern::silu_mul, silu, add, tanh_inplace, snake (kernels.h), the CPU backend.
+//
+// Each follows the torch expression the models use, op by op, rounding to the store dtype wherever a
+// bf16 torch op would write a bf16 tensor:
+// * silu(x) = x / (1 + exp(-x)) (ATen's CPU formula), fp32 inside; silu_mul rounds silu's result
+//   before the product (SwiGLU `silu(gate) * up`, MODEL.md §1.2; DiT GLU `a * silu(g)`, §4.1).
+// * snake (DAC, MODEL.md §5.1): x + (alpha + 1e-9).reciprocal() * sin(alpha * x).pow(2), i.e. the
+//   ops mul, sin, square, add-eps, reciprocal, mul, add, each rounded in bf16, fused into one pass.
+#pragma GCC optimize("fp-contract=off")
+
+#include <cmath>
+
+#include "kernels/cpu/simd.h"
+#include "kernels/kernels.h"
+
+namespace mm3::kern {
+
+namespace {
+inline float silu1(float x) { return x / (1.0f + std::exp(-x)); }
+}  // namespace
+
+void silu_mul(const float* gate, const float* up, float* out, int64_t n, DType store) {
+  if (store == DType::BF16) {
+    for (int64_t i = 0; i < n; ++i) out[i] = round_bf16(round_bf16(silu1(gate[i])) * up[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = silu1(gate[i]) * up[i];
+  }
+}
+
+void silu(const float* x, float* out, int64_t n, DType store) {
+  for (int64_t i = 0; i < n; ++i) out[i] = round_store(silu1(x[i]), store);
+}
+
+void add(const float* a, const float* b, float* out, int64_t n, DType store) {
+  if (store == DType::BF16) {
+    for (int64_t i = 0; i < n; ++i) out[i] = round_bf16(a[i] + b[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+  }
+}
+
+void tanh_inplace(float* x, int64_t n, DType store) {
+  for (int64_t i = 0; i < n; ++i) x[i] = round_store(std::tanh(x[i]), store);
+}
+
+void snake(const float* x, const float* alpha, float* y, int64_t C, int64_t L, DType store) {
+  const bool bf = store == DType::BF16;
+  for (int64_t c = 0; c < C; ++c) {
+    const float a = alpha[c];
+    // (alpha + 1e-9).reciprocal(): per channel, two ops.
+    const float inv = bf ? round_bf16(1.0f / round_bf16(a + 1e-9f)) : 1.0f / (a + 1e-9f);
+    const float* xr = x + c * L;
+    float* yr = y + c * L;
+    if (bf) {
+      for (int64_t t = 0; t < L; ++t) {
+        const float s = round_bf16(std::sin(round_bf16(a * xr[t])));
+        yr[t] = round_bf16(xr[t] + round_bf16(inv * round_bf16(s * s)));
+      }
+    } else {
+      for (int64_t t = 0; t < L; ++t) {
+        const float s = std::sin(a * xr[t]);
+        yr[t] = xr[t] + inv * (s * s);
+      }
+    }
+  }
+}
+
+}  // namespace mm3::kern

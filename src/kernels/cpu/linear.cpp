@@ -1,0 +1,322 @@
+// linear.cpp — kern::linear and kern::gemm_f32 (kernels.h), the CPU backend.
+//
+// Numerics follow torch's CPU linear: fp32 accumulation of exact products, bias added to the fp32
+// sum, one rounding to the store dtype at the end (torch's bf16 addmm through oneDNN does the same).
+// With BF16 weights and an F32 store (an fp32 run of a bf16 checkpoint) the weights are widened
+// exactly and everything stays fp32, as torch's upcast model does.
+//
+// Paths:
+// * M <= 4 (decode): a GEMV that streams each weight row once for all M rows, parallel over output
+//   rows. ISA picked at runtime (AVX-512 [+BF16 dot products] / AVX2+FMA / scalar). Each output is
+//   computed by one thread with a fixed order, so results do not depend on the thread count.
+// * M > 4: OpenBLAS sgemm; BF16 weights are widened to f32 one block of output rows at a time.
+//   OpenBLAS partitions M and N across threads, never K, so this too is thread-count independent.
+#pragma GCC optimize("fp-contract=off")
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include <cblas.h>
+
+#include "kernels/cpu/simd.h"
+#include "kernels/kernels.h"
+
+namespace mm3::kern {
+
+namespace detail {
+
+bool cpu_has_avx512bf16() {
+  static const bool v = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+  return v;
+}
+bool cpu_has_avx512() {
+  static const bool v = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                        __builtin_cpu_supports("avx512vl");
+  return v;
+}
+bool cpu_has_avx2_fma() {
+  static const bool v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return v;
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::cpu_has_avx2_fma;
+using detail::cpu_has_avx512;
+using detail::cpu_has_avx512bf16;
+
+// Sets OpenBLAS's worker count to the pool's (another pool may have changed it since).
+void blas_threads(const ThreadPool& pool) {
+  if (openblas_get_num_threads() != pool.size()) openblas_set_num_threads(pool.size());
+}
+
+// ---- GEMV bodies: sums[m * N + n] = sum_k x[m, k] * W[n, k] for n in [n0, n1) ----
+
+template <int M, bool WB>
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void gemv_avx512(const float* x, int64_t ldx, const void* wp,
+                                                                      int64_t K, int64_t n0, int64_t n1,
+                                                                      float* sums, int64_t N) {
+  auto load_w = [&](const void* base, int64_t off) -> __m512 {
+    if constexpr (WB)
+      return _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+              static_cast<const uint16_t*>(base) + off))),
+          16));
+    else
+      return _mm512_loadu_ps(static_cast<const float*>(base) + off);
+  };
+  auto maskz_load_w = [&](__mmask16 msk, const void* base, int64_t off) -> __m512 {
+    if constexpr (WB)
+      return _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(msk, static_cast<const uint16_t*>(base) + off)), 16));
+    else
+      return _mm512_maskz_loadu_ps(msk, static_cast<const float*>(base) + off);
+  };
+  for (int64_t n = n0; n < n1; ++n) {
+    const void* wr = WB ? static_cast<const void*>(static_cast<const uint16_t*>(wp) + n * K)
+                        : static_cast<const void*>(static_cast<const float*>(wp) + n * K);
+    __m512 a0[M], a1[M];
+    for (int m = 0; m < M; ++m) a0[m] = a1[m] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 32 <= K; k += 32) {
+      __m512 w0 = load_w(wr, k), w1 = load_w(wr, k + 16);
+      for (int m = 0; m < M; ++m) {
+        a0[m] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * ldx + k), w0, a0[m]);
+        a1[m] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * ldx + k + 16), w1, a1[m]);
+      }
+    }
+    for (; k < K; k += 16) {
+      __mmask16 msk = K - k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (K - k)) - 1u);
+      __m512 w0 = maskz_load_w(msk, wr, k);
+      for (int m = 0; m < M; ++m) a0[m] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(msk, x + m * ldx + k), w0, a0[m]);
+    }
+    for (int m = 0; m < M; ++m) sums[m * N + n] = _mm512_reduce_add_ps(_mm512_add_ps(a0[m], a1[m]));
+  }
+}
+
+// BF16 x BF16 with VDPBF16PS: xb is the bf16 copy of x, [M, Kp] with Kp even and zero padding.
+// Products of bf16 values are exact in fp32, so this is an fp32-accumulated dot product like the
+// others, only with a different (fixed) summation order.
+template <int M>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void gemv_avx512bf16(const uint16_t* xb, int64_t Kp,
+                                                                                     const uint16_t* w, int64_t K,
+                                                                                     int64_t n0, int64_t n1,
+                                                                                     float* sums, int64_t N) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint16_t* wr = w + n * K;
+    __m512 a0[M], a1[M];
+    for (int m = 0; m < M; ++m) a0[m] = a1[m] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 64 <= K; k += 64) {
+      __m512i w0 = _mm512_loadu_si512(wr + k), w1 = _mm512_loadu_si512(wr + k + 32);
+      for (int m = 0; m < M; ++m) {
+        a0[m] = _mm512_dpbf16_ps(a0[m], (__m512bh)_mm512_loadu_si512(xb + m * Kp + k), (__m512bh)w0);
+        a1[m] = _mm512_dpbf16_ps(a1[m], (__m512bh)_mm512_loadu_si512(xb + m * Kp + k + 32), (__m512bh)w1);
+      }
+    }
+    for (; k < K; k += 32) {
+      int64_t r = K - k;
+      __mmask32 msk = r >= 32 ? __mmask32(0xFFFFFFFFu) : __mmask32((1u << r) - 1u);
+      __m512i w0 = _mm512_maskz_loadu_epi16(msk, wr + k);
+      for (int m = 0; m < M; ++m)
+        a0[m] = _mm512_dpbf16_ps(a0[m], (__m512bh)_mm512_maskz_loadu_epi16(msk, xb + m * Kp + k), (__m512bh)w0);
+    }
+    for (int m = 0; m < M; ++m) sums[m * N + n] = _mm512_reduce_add_ps(_mm512_add_ps(a0[m], a1[m]));
+  }
+}
+
+template <int M, bool WB>
+__attribute__((target("avx2,fma"))) void gemv_avx2(const float* x, int64_t ldx, const void* wp, int64_t K, int64_t n0,
+                                                  int64_t n1, float* sums, int64_t N) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint16_t* wb = static_cast<const uint16_t*>(wp) + n * K;
+    const float* wf = static_cast<const float*>(wp) + n * K;
+    __m256 a0[M], a1[M];
+    for (int m = 0; m < M; ++m) a0[m] = a1[m] = _mm256_setzero_ps();
+    auto load_w = [&](int64_t off) -> __m256 {
+      if constexpr (WB)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + off))), 16));
+      else
+        return _mm256_loadu_ps(wf + off);
+    };
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+      __m256 w0 = load_w(k), w1 = load_w(k + 8);
+      for (int m = 0; m < M; ++m) {
+        a0[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * ldx + k), w0, a0[m]);
+        a1[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * ldx + k + 8), w1, a1[m]);
+      }
+    }
+    float tail[M];
+    for (int m = 0; m < M; ++m) tail[m] = 0.f;
+    for (; k < K; ++k) {
+      float wv = WB ? bf16_bits_to_f32(wb[k]) : wf[k];
+      for (int m = 0; m < M; ++m) tail[m] = std::fma(x[m * ldx + k], wv, tail[m]);
+    }
+    for (int m = 0; m < M; ++m) {
+      __m256 s = _mm256_add_ps(a0[m], a1[m]);
+      __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+      h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+      h = _mm_add_ss(h, _mm_movehdup_ps(h));
+      sums[m * N + n] = _mm_cvtss_f32(h) + tail[m];
+    }
+  }
+}
+
+template <int M, bool WB>
+void gemv_scalar(const float* x, int64_t ldx, const void* wp, int64_t K, int64_t n0, int64_t n1, float* sums,
+                 int64_t N) {
+  for (int64_t n = n0; n < n1; ++n) {
+    for (int m = 0; m < M; ++m) {
+      const float* xr = x + m * ldx;
+      sums[m * N + n] = WB ? detail::dot_f32_bf16(xr, static_cast<const uint16_t*>(wp) + n * K, K)
+                           : detail::dot_f32(xr, static_cast<const float*>(wp) + n * K, K);
+    }
+  }
+}
+
+using GemvFn = void (*)(const float*, int64_t, const void*, int64_t, int64_t, int64_t, float*, int64_t);
+
+template <bool WB>
+GemvFn pick_gemv(int M) {
+  const bool a512 = cpu_has_avx512(), a2 = cpu_has_avx2_fma();
+  switch (M) {
+    case 1: return a512 ? gemv_avx512<1, WB> : a2 ? gemv_avx2<1, WB> : gemv_scalar<1, WB>;
+    case 2: return a512 ? gemv_avx512<2, WB> : a2 ? gemv_avx2<2, WB> : gemv_scalar<2, WB>;
+    case 3: return a512 ? gemv_avx512<3, WB> : a2 ? gemv_avx2<3, WB> : gemv_scalar<3, WB>;
+    default: return a512 ? gemv_avx512<4, WB> : a2 ? gemv_avx2<4, WB> : gemv_scalar<4, WB>;
+  }
+}
+
+using GemvBf16Fn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, int64_t, float*, int64_t);
+GemvBf16Fn pick_gemv_bf16(int M) {
+  switch (M) {
+    case 1: return gemv_avx512bf16<1>;
+    case 2: return gemv_avx512bf16<2>;
+    case 3: return gemv_avx512bf16<3>;
+    default: return gemv_avx512bf16<4>;
+  }
+}
+
+constexpr int64_t kGemvMaxM = 4;
+
+// y[m, n] = round(sums[m, n] + bias[n]) for n in [n0, n1).
+void epilogue(const float* sums, int64_t M, int64_t N, const float* bias, float* y, int64_t ldy, int64_t n0,
+              int64_t n1, DType store) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float* s = sums + m * N;
+    float* yr = y + m * ldy;
+    for (int64_t n = n0; n < n1; ++n) yr[n] = round_store(bias ? s[n] + bias[n] : s[n], store);
+  }
+}
+
+void linear_gemv(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const LinearWeight& w, float* y,
+                 int64_t ldy, DType store) {
+  const int64_t N = w.out_features(), K = w.in_features();
+  const bool wb = w.weight().dtype() == DType::BF16;
+  const void* wp = w.weight().raw();
+  const float* bias = w.bias_f32();
+  std::vector<float> sums(static_cast<size_t>(M * N));
+  // Enough rows per chunk that a chunk streams at least ~64 KiB of weights.
+  const int64_t min_rows = std::max<int64_t>(1, (64 * 1024) / std::max<int64_t>(1, K * (wb ? 2 : 4)));
+
+  if (wb && store == DType::BF16 && cpu_has_avx512bf16()) {
+    // bf16 computation: x is bf16-valued by convention, so its bf16 copy is exact.
+    const int64_t Kp = (K + 1) & ~int64_t(1);
+    std::vector<uint16_t> xb(static_cast<size_t>(M * Kp), 0);
+    for (int64_t m = 0; m < M; ++m) f32_to_bf16(x + m * ldx, xb.data() + m * Kp, static_cast<size_t>(K));
+    GemvBf16Fn fn = pick_gemv_bf16(static_cast<int>(M));
+    const uint16_t* wbits = static_cast<const uint16_t*>(wp);
+    pool.parallel_for(
+        N,
+        [&](int64_t n0, int64_t n1) {
+          fn(xb.data(), Kp, wbits, K, n0, n1, sums.data(), N);
+          epilogue(sums.data(), M, N, bias, y, ldy, n0, n1, store);
+        },
+        min_rows);
+    return;
+  }
+  GemvFn fn = wb ? pick_gemv<true>(static_cast<int>(M)) : pick_gemv<false>(static_cast<int>(M));
+  pool.parallel_for(
+      N,
+      [&](int64_t n0, int64_t n1) {
+        fn(x, ldx, wp, K, n0, n1, sums.data(), N);
+        epilogue(sums.data(), M, N, bias, y, ldy, n0, n1, store);
+      },
+      min_rows);
+}
+
+void linear_gemm(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const LinearWeight& w, float* y,
+                 int64_t ldy, DType store) {
+  const int64_t N = w.out_features(), K = w.in_features();
+  blas_threads(pool);
+  if (w.weight().dtype() == DType::F32) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(M), static_cast<blasint>(N),
+                static_cast<blasint>(K), 1.0f, x, static_cast<blasint>(ldx), w.weight().data<float>(),
+                static_cast<blasint>(K), 0.0f, y, static_cast<blasint>(ldy));
+  } else {
+    // Widen a block of weight rows (~4 MiB) and multiply; every output still sums all of K in one
+    // sgemm, so the blocking does not change any result.
+    const uint16_t* wb = static_cast<const uint16_t*>(w.weight().raw());
+    const int64_t nb = std::min<int64_t>(N, std::max<int64_t>(16, (int64_t(1) << 20) / std::max<int64_t>(1, K)));
+    std::vector<float> wf(static_cast<size_t>(nb * K));
+    for (int64_t n0 = 0; n0 < N; n0 += nb) {
+      const int64_t rows = std::min(nb, N - n0);
+      pool.parallel_for(
+          rows * K,
+          [&](int64_t b, int64_t e) { bf16_to_f32(wb + n0 * K + b, wf.data() + b, static_cast<size_t>(e - b)); },
+          1 << 16);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(M), static_cast<blasint>(rows),
+                  static_cast<blasint>(K), 1.0f, x, static_cast<blasint>(ldx), wf.data(), static_cast<blasint>(K),
+                  0.0f, y + n0, static_cast<blasint>(ldy));
+    }
+  }
+  const float* bias = w.bias_f32();
+  if (bias || store == DType::BF16) {
+    pool.parallel_for(
+        M,
+        [&](int64_t m0, int64_t m1) {
+          for (int64_t m = m0; m < m1; ++m) {
+            float* yr = y + m * ldy;
+            for (int64_t n = 0; n < N; ++n) yr[n] = round_store(bias ? yr[n] + bias[n] : yr[n], store);
+          }
+        },
+        std::max<int64_t>(1, 16384 / std::max<int64_t>(1, N)));
+  }
+}
+
+}  // namespace
+
+void linear(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const LinearWeight& w, float* y,
+            int64_t ldy, DType store) {
+  const int64_t N = w.out_features(), K = w.in_features();
+  MM3_CHECK(N > 0 && K > 0, "linear: empty weight {}", w.weight().describe());
+  MM3_CHECK(M >= 0 && ldx >= K && ldy >= N, "linear: M={} ldx={} ldy={} for weight [{}, {}]", M, ldx, ldy, N, K);
+  if (M == 0) return;
+  if (M <= kGemvMaxM)
+    linear_gemv(pool, x, M, ldx, w, y, ldy, store);
+  else
+    linear_gemm(pool, x, M, ldx, w, y, ldy, store);
+}
+
+void gemm_f32(const ThreadPool& pool, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+              const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  MM3_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm_f32: negative size M={} N={} K={}", M, N, K);
+  MM3_CHECK(lda >= std::max<int64_t>(1, trans_a ? M : K) && ldb >= std::max<int64_t>(1, trans_b ? K : N) &&
+                ldc >= std::max<int64_t>(1, N),
+            "gemm_f32: bad leading dims lda={} ldb={} ldc={} for M={} N={} K={}", lda, ldb, ldc, M, N, K);
+  if (M == 0 || N == 0) return;
+  blas_threads(pool);
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+              static_cast<blasint>(M), static_cast<blasint>(N), static_cast<blasint>(K), alpha, A,
+              static_cast<blasint>(lda), B, static_cast<blasint>(ldb), beta, C, static_cast<blasint>(ldc));
+}
+
+}  // namespace mm3::kern

@@ -1,0 +1,139 @@
+// simd.h — private helpers shared by the CPU kernels (src/kernels/cpu/*.cpp); not part of kernels.h.
+//
+// Rounding follows core/dtype.h (torch c10 round_to_nearest_even, NaN -> 0x7FC0) bit for bit; the
+// AVX-512 variant uses integer arithmetic rather than VCVTNEPS2BF16 because that instruction flushes
+// denormals, which torch does not.
+//
+// Files including this header compile with fp-contract off (see the pragma in each .cpp): torch runs
+// `a * b + c` of separate ops as separate roundings, so an implicit FMA would be a (tiny) divergence.
+// Wherever an FMA is wanted (dot products) it is written explicitly.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include <immintrin.h>
+
+// GCC 12 reports its own _mm512_undefined_* helpers (used inside several AVX-512 intrinsics) as
+// "maybe uninitialized" (GCC PR 105593); that false positive would fail -Werror in every kernel file.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include "core/dtype.h"
+#include "core/errors.h"
+
+namespace mm3::kern::detail {
+
+// Cached CPU feature probes (runtime dispatch for the kernels that have several ISA variants).
+bool cpu_has_avx512bf16();
+bool cpu_has_avx512();
+bool cpu_has_avx2_fma();
+
+inline void store_rounded(float* dst, const float* src, int64_t n, DType store) {
+  if (store == DType::BF16) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = round_bf16(src[i]);
+  } else if (dst != src) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+  }
+}
+
+#if defined(__AVX512F__)
+// 16 floats rounded to bf16 values (kept as floats), identical to round_bf16 lane by lane.
+inline __m512 round_bf16_v(__m512 v) {
+  __m512i u = _mm512_castps_si512(v);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  r = _mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
+  __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_mask_blend_ps(nan, _mm512_castsi512_ps(r), _mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000)));
+}
+inline __m512 round_store_v(__m512 v, DType store) { return store == DType::BF16 ? round_bf16_v(v) : v; }
+// 16 bf16 bit patterns -> 16 floats (exact).
+inline __m512 load_bf16_v(const uint16_t* p) {
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+inline __m512 maskz_load_bf16_v(__mmask16 m, const uint16_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+inline __mmask16 tail_mask(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u); }
+#endif
+
+// fp32 dot product with a fixed accumulation order (deterministic; independent of callers' chunking).
+inline float dot_f32(const float* a, const float* b, int64_t n) {
+#if defined(__AVX512F__)
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 32 <= n; k += 32) {
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), _mm512_loadu_ps(b + k), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k + 16), _mm512_loadu_ps(b + k + 16), acc1);
+  }
+  for (; k < n; k += 16) {
+    __mmask16 m = tail_mask(n - k);
+    acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + k), _mm512_maskz_loadu_ps(m, b + k), acc0);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+#else
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8)
+    for (int j = 0; j < 8; ++j) acc[j] = std::fma(a[k + j], b[k + j], acc[j]);
+  for (; k < n; ++k) acc[0] = std::fma(a[k], b[k], acc[0]);
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+#endif
+}
+
+// fp32 dot product of floats with bf16 bit patterns (converted exactly).
+inline float dot_f32_bf16(const float* a, const uint16_t* b, int64_t n) {
+#if defined(__AVX512F__)
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 32 <= n; k += 32) {
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), load_bf16_v(b + k), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + k + 16), load_bf16_v(b + k + 16), acc1);
+  }
+  for (; k < n; k += 16) {
+    __mmask16 m = tail_mask(n - k);
+    acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + k), maskz_load_bf16_v(m, b + k), acc0);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+#else
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8)
+    for (int j = 0; j < 8; ++j) acc[j] = std::fma(a[k + j], bf16_bits_to_f32(b[k + j]), acc[j]);
+  for (; k < n; ++k) acc[0] = std::fma(a[k], bf16_bits_to_f32(b[k]), acc[0]);
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+#endif
+}
+
+// y[0..n) += a * x[0..n) (fp32 FMA), x floats or bf16 bits.
+inline void axpy_f32(float a, const float* x, float* y, int64_t n) {
+#if defined(__AVX512F__)
+  __m512 av = _mm512_set1_ps(a);
+  int64_t k = 0;
+  for (; k + 16 <= n; k += 16)
+    _mm512_storeu_ps(y + k, _mm512_fmadd_ps(av, _mm512_loadu_ps(x + k), _mm512_loadu_ps(y + k)));
+  if (k < n) {
+    __mmask16 m = tail_mask(n - k);
+    _mm512_mask_storeu_ps(y + k, m, _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + k), _mm512_maskz_loadu_ps(m, y + k)));
+  }
+#else
+  for (int64_t k = 0; k < n; ++k) y[k] = std::fma(a, x[k], y[k]);
+#endif
+}
+inline void axpy_bf16(float a, const uint16_t* x, float* y, int64_t n) {
+#if defined(__AVX512F__)
+  __m512 av = _mm512_set1_ps(a);
+  int64_t k = 0;
+  for (; k + 16 <= n; k += 16)
+    _mm512_storeu_ps(y + k, _mm512_fmadd_ps(av, load_bf16_v(x + k), _mm512_loadu_ps(y + k)));
+  if (k < n) {
+    __mmask16 m = tail_mask(n - k);
+    _mm512_mask_storeu_ps(y + k, m, _mm512_fmadd_ps(av, maskz_load_bf16_v(m, x + k), _mm512_maskz_loadu_ps(m, y + k)));
+  }
+#else
+  for (int64_t k = 0; k < n; ++k) y[k] = std::fma(a, bf16_bits_to_f32(x[k]), y[k]);
+#endif
+}
+
+}  // namespace mm3::kern::detail
