@@ -1,0 +1,267 @@
+// dit.cpp — flow-matching DiT forward (dit.h; MODEL.md §4.1). Kernels: linear, add, layer_norm,
+// rope_tables, rope_apply, attention, silu, silu_mul, transpose_2d.
+#include "model/dit.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "model/weights.h"
+
+namespace mm3 {
+
+struct DiT::Weights {
+  struct Block {
+    std::vector<float> ln1_w, ln1_b, ln2_w, ln2_b;  // [D]
+    kern::LinearWeight q, k, v, o;                  // [D, D], no bias
+    kern::LinearWeight ff_in;                       // [2F, D] + [2F]; rows [0, F) value a, [F, 2F) gate g
+    kern::LinearWeight ff_out;                      // [D, F] + [D]
+  };
+  std::vector<float> fourier;     // [fourier/2] time_proj.weight[:, 0]
+  kern::LinearWeight t1, t2;      // time_embed.linear_1 [D, fourier] + b, linear_2 [D, D] + b
+  kern::LinearWeight pre;         // preprocess_conv [Cc, Cc(, 1)], no bias
+  kern::LinearWeight proj_in;     // [D, Cc], no bias
+  kern::LinearWeight proj_out;    // [C, D], no bias
+  kern::LinearWeight post;        // postprocess_conv [C, C(, 1)], no bias
+  std::vector<Block> blocks;
+};
+
+namespace {
+
+std::vector<float> rounded(const std::vector<float>& v) {
+  std::vector<float> r(v);
+  round_to_store(r.data(), r.size(), DType::BF16);
+  return r;
+}
+
+kern::LinearWeight to_bf16(const kern::LinearWeight& w) {
+  return kern::LinearWeight(w.weight().to(DType::BF16), w.has_bias() ? w.bias().to(DType::BF16) : Tensor());
+}
+
+void grow(std::vector<float>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+}
+
+}  // namespace
+
+DiT::DiT(const TensorStore& store, const DitConfig& cfg) : cfg_(cfg) {
+  const int64_t C = cfg.in_channels, Dc = cfg.condition_dim, D = cfg.inner_dim(), Cc = cfg.concat_channels();
+  const int64_t F = cfg.ff_inner_dim, Fd = cfg.fourier_embedding_dim;
+  if (C <= 0 || Dc <= 0 || cfg.num_layers <= 0 || cfg.num_attention_heads <= 0 || cfg.attention_head_dim <= 0 ||
+      F <= 0 || Fd <= 0 || Fd % 2 || cfg.rotary_dim <= 0 || cfg.rotary_dim % 2 ||
+      cfg.rotary_dim > cfg.attention_head_dim)
+    throw BadModel(fmt::format("transformer: inconsistent config (in {}, cond {}, heads {}x{}, ff {}, rotary {}, "
+                               "fourier {})",
+                               C, Dc, cfg.num_attention_heads, cfg.attention_head_dim, F, cfg.rotary_dim, Fd));
+  WeightBinder b(store, "transformer");
+  const std::vector<DType> f32 = {DType::F32};
+  auto lin = [&](const std::string& key, int64_t out, int64_t in, bool bias, bool conv = false) {
+    Tensor w = conv ? b.get(key + ".weight", {out, in, 1}, f32).view({out, in}) : b.get(key + ".weight", {out, in}, f32);
+    Tensor bb = bias ? b.get(key + ".bias", {out}, f32) : Tensor();
+    return kern::LinearWeight(w, bb);
+  };
+  auto vec = [&](const std::string& key, int64_t n) { return b.get_f32(key, {n}).to_f32_vector(); };
+
+  f32_ = std::make_unique<Weights>();
+  Weights& W = *f32_;
+  W.fourier = b.get_f32("time_proj.weight", {Fd / 2, 1}).to_f32_vector();
+  W.t1 = lin("time_embed.linear_1", D, Fd, true);
+  W.t2 = lin("time_embed.linear_2", D, D, true);
+  W.pre = lin("preprocess_conv", Cc, Cc, false, true);
+  W.proj_in = lin("proj_in", D, Cc, false);
+  W.proj_out = lin("proj_out", C, D, false);
+  W.post = lin("postprocess_conv", C, C, false, true);
+  W.blocks.resize(static_cast<size_t>(cfg.num_layers));
+  for (int i = 0; i < cfg.num_layers; ++i) {
+    const std::string p = fmt::format("transformer_blocks.{}.", i);
+    Weights::Block& bl = W.blocks[static_cast<size_t>(i)];
+    bl.ln1_w = vec(p + "norm1.weight", D);
+    bl.ln1_b = vec(p + "norm1.bias", D);
+    bl.ln2_w = vec(p + "norm2.weight", D);
+    bl.ln2_b = vec(p + "norm2.bias", D);
+    bl.q = lin(p + "attn.to_q", D, D, false);
+    bl.k = lin(p + "attn.to_k", D, D, false);
+    bl.v = lin(p + "attn.to_v", D, D, false);
+    bl.o = lin(p + "attn.to_out.0", D, D, false);
+    bl.ff_in = lin(p + "ff_in", 2 * F, D, true);
+    bl.ff_out = lin(p + "ff_out", D, F, true);
+  }
+  b.finish();
+}
+
+DiT::~DiT() = default;
+
+const DiT::Weights& DiT::weights(DType compute) const {
+  if (compute == DType::F32) return *f32_;
+  if (compute != DType::BF16)
+    throw InvalidInput(fmt::format("transformer: compute dtype must be F32 or BF16, not {}", dtype_name(compute)));
+  std::call_once(bf16_once_, [this] {
+    auto w = std::make_unique<Weights>();
+    const Weights& s = *f32_;
+    w->fourier = rounded(s.fourier);
+    w->t1 = to_bf16(s.t1);
+    w->t2 = to_bf16(s.t2);
+    w->pre = to_bf16(s.pre);
+    w->proj_in = to_bf16(s.proj_in);
+    w->proj_out = to_bf16(s.proj_out);
+    w->post = to_bf16(s.post);
+    for (const auto& sb : s.blocks) {
+      Weights::Block bl;
+      bl.ln1_w = rounded(sb.ln1_w);
+      bl.ln1_b = rounded(sb.ln1_b);
+      bl.ln2_w = rounded(sb.ln2_w);
+      bl.ln2_b = rounded(sb.ln2_b);
+      bl.q = to_bf16(sb.q);
+      bl.k = to_bf16(sb.k);
+      bl.v = to_bf16(sb.v);
+      bl.o = to_bf16(sb.o);
+      bl.ff_in = to_bf16(sb.ff_in);
+      bl.ff_out = to_bf16(sb.ff_out);
+      w->blocks.push_back(std::move(bl));
+    }
+    bf16_ = std::move(w);
+  });
+  return *bf16_;
+}
+
+void DiT::forward(const ThreadPool& pool, const std::vector<DitItem>& items, int64_t L,
+                  const std::vector<float*>& out, DType compute, DitWorkspace& ws) const {
+  const Weights& W = weights(compute);
+  const DType st = compute;
+  const int64_t B = static_cast<int64_t>(items.size());
+  const int64_t C = cfg_.in_channels, Dc = cfg_.condition_dim, D = cfg_.inner_dim(), Cc = cfg_.concat_channels();
+  const int64_t F = cfg_.ff_inner_dim, Fd = cfg_.fourier_embedding_dim, half = Fd / 2;
+  const int H = cfg_.num_attention_heads, hd = cfg_.attention_head_dim, rot = cfg_.rotary_dim;
+  const int64_t S = L + 1;  // time token + L latent tokens
+  if (B < 1 || L < 1) throw InvalidInput(fmt::format("transformer: empty batch ({} items, length {})", B, L));
+  if (static_cast<int64_t>(out.size()) != B) throw InternalError("transformer: one output per item required");
+  for (const DitItem& it : items)
+    if (!it.x) throw InternalError("transformer: item without latents");
+
+  grow(ws.z, B * L * Cc);
+  grow(ws.zp, B * L * Cc);
+  grow(ws.h, B * S * D);
+  grow(ws.n, B * S * D);
+  grow(ws.qkv, B * S * 3 * D);
+  grow(ws.att, B * S * D);
+  grow(ws.tmp, B * S * D);
+  grow(ws.ff, B * S * 2 * F);
+  grow(ws.act, B * S * F);
+  grow(ws.tf, B * Fd);
+  grow(ws.t1, B * D);
+  grow(ws.po, L * C);
+  grow(ws.pv, L * C);
+  float* h = ws.h.data();
+
+  // 1-3. z[b·L + l] = [x[:, l] | 0 | cond[l, :]]                                      [B·L, Cc]
+  //      z = z·Wpre^T + z (1×1 conv with residual), proj_in -> h rows b·S + 1 + l    [B·S, D]
+  pool.parallel_for(B * L, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t b = r / L, l = r % L;
+      float* zr = ws.z.data() + r * Cc;
+      const float* x = items[static_cast<size_t>(b)].x;
+      for (int64_t c = 0; c < C; ++c) zr[c] = round_store(x[c * L + l], st);
+      for (int64_t c = C; c < 2 * C; ++c) zr[c] = 0.0f;
+      const float* cond = items[static_cast<size_t>(b)].cond;
+      if (cond)
+        for (int64_t j = 0; j < Dc; ++j) zr[2 * C + j] = round_store(cond[l * Dc + j], st);
+      else
+        for (int64_t j = 0; j < Dc; ++j) zr[2 * C + j] = 0.0f;
+    }
+  });
+  kern::linear(pool, ws.z.data(), B * L, Cc, W.pre, ws.zp.data(), Cc, st);
+  kern::add(ws.zp.data(), ws.z.data(), ws.zp.data(), B * L * Cc, st);
+  for (int64_t b = 0; b < B; ++b)
+    kern::linear(pool, ws.zp.data() + b * L * Cc, L, Cc, W.proj_in, h + (b * S + 1) * D, D, st);
+
+  // 4-5. Time embedding: a = (2π·t) ⊗ w, f = [cos a | sin a], temb = linear_2(SiLU(linear_1(f))) -> row b·S.
+  const float two_pi = static_cast<float>(2.0 * std::numbers::pi);  // Python float, cast to the tensor dtype
+  for (int64_t b = 0; b < B; ++b) {
+    const float t = round_store(items[static_cast<size_t>(b)].t, st);
+    const float tt = round_store(two_pi * t, st);
+    float* f = ws.tf.data() + b * Fd;
+    for (int64_t j = 0; j < half; ++j) {
+      const float a = round_store(tt * W.fourier[static_cast<size_t>(j)], st);
+      f[j] = round_store(std::cos(a), st);
+      f[half + j] = round_store(std::sin(a), st);
+    }
+  }
+  kern::linear(pool, ws.tf.data(), B, Fd, W.t1, ws.t1.data(), D, st);
+  kern::silu(ws.t1.data(), ws.t1.data(), B * D, st);
+  kern::linear(pool, ws.t1.data(), B, D, W.t2, h, S * D, st);  // row b lands at h[b·S]
+
+  // 6. Partial RoPE tables over positions 0..S−1 (time token included), cast to the activation dtype.
+  if (ws.rope_len != S || ws.rope_store != st) {
+    std::vector<int64_t> pos(static_cast<size_t>(S));
+    for (int64_t i = 0; i < S; ++i) pos[static_cast<size_t>(i)] = i;
+    ws.cos.assign(static_cast<size_t>(S * rot), 0.0f);
+    ws.sin.assign(static_cast<size_t>(S * rot), 0.0f);
+    kern::rope_tables(pos.data(), S, rot, 10000.0, ws.cos.data(), ws.sin.data(), st);
+    ws.rope_len = S;
+    ws.rope_store = st;
+  }
+
+  // 7. Blocks.
+  const int64_t R = B * S;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  float* qkv = ws.qkv.data();
+  for (const Weights::Block& bl : W.blocks) {
+    // y = x + Wo·MHA(LN1(x))
+    kern::layer_norm(h, R, D, D, bl.ln1_w.data(), bl.ln1_b.data(), 1e-5f, ws.n.data(), D, st);
+    kern::linear(pool, ws.n.data(), R, D, bl.q, qkv, 3 * D, st);
+    kern::linear(pool, ws.n.data(), R, D, bl.k, qkv + D, 3 * D, st);
+    kern::linear(pool, ws.n.data(), R, D, bl.v, qkv + 2 * D, 3 * D, st);
+    for (int64_t b = 0; b < B; ++b) {
+      float* qb = qkv + b * S * 3 * D;
+      kern::rope_apply(qb, S, H, hd, 3 * D, ws.cos.data(), ws.sin.data(), rot, st);
+      kern::rope_apply(qb + D, S, H, hd, 3 * D, ws.cos.data(), ws.sin.data(), rot, st);
+      kern::attention(pool, qb, 3 * D, qb + D, qb + 2 * D, 3 * D, DType::F32, ws.att.data() + b * S * D, D, S, S, H,
+                      H, hd, scale, /*causal=*/false, 0, st);
+    }
+    kern::linear(pool, ws.att.data(), R, D, bl.o, ws.tmp.data(), D, st);
+    kern::add(h, ws.tmp.data(), h, R * D, st);
+    // x' = y + ff_out(a ⊙ SiLU(g)), [a | g] = ff_in(LN2(y))
+    kern::layer_norm(h, R, D, D, bl.ln2_w.data(), bl.ln2_b.data(), 1e-5f, ws.n.data(), D, st);
+    kern::linear(pool, ws.n.data(), R, D, bl.ff_in, ws.ff.data(), 2 * F, st);
+    pool.parallel_for(R, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* row = ws.ff.data() + r * 2 * F;
+        kern::silu_mul(/*gate=*/row + F, /*up=*/row, ws.act.data() + r * F, F, st);
+      }
+    });
+    kern::linear(pool, ws.act.data(), R, F, bl.ff_out, ws.tmp.data(), D, st);
+    kern::add(h, ws.tmp.data(), h, R * D, st);
+  }
+
+  // 8-9. No final norm; proj_out on tokens 1..S−1, then v = Conv1x1(v) + v, out [C, L].
+  for (int64_t b = 0; b < B; ++b) {
+    kern::linear(pool, h + (b * S + 1) * D, L, D, W.proj_out, ws.po.data(), C, st);  // [L, C]
+    kern::linear(pool, ws.po.data(), L, C, W.post, ws.pv.data(), C, st);
+    kern::add(ws.pv.data(), ws.po.data(), ws.pv.data(), L * C, st);
+    kern::transpose_2d(ws.pv.data(), L, C, C, out[static_cast<size_t>(b)]);
+  }
+}
+
+Tensor DiT::forward(const ThreadPool& pool, const Tensor& x, const Tensor& t, const Tensor& cond,
+                    DType compute) const {
+  const int64_t C = cfg_.in_channels, Dc = cfg_.condition_dim;
+  if (x.ndim() != 3 || x.dim(1) != C)
+    throw InvalidInput(fmt::format("transformer: latents must be [B, {}, L], got {}", C, x.describe()));
+  const int64_t B = x.dim(0), L = x.dim(2);
+  if (t.numel() != B) throw InvalidInput(fmt::format("transformer: timestep must be [{}], got {}", B, t.describe()));
+  if (cond.ndim() != 3 || cond.dim(0) != B || cond.dim(1) != L || cond.dim(2) != Dc)
+    throw InvalidInput(fmt::format("transformer: condition must be [{}, {}, {}], got {}", B, L, Dc, cond.describe()));
+  const Tensor xf = x.to(DType::F32).contiguous(), cf = cond.to(DType::F32).contiguous();
+  const std::vector<float> tv = t.to_f32_vector();
+  Tensor v = Tensor::empty(DType::F32, {B, C, L});
+  std::vector<DitItem> items;
+  std::vector<float*> outs;
+  for (int64_t b = 0; b < B; ++b) {
+    items.push_back({xf.data<float>() + b * C * L, tv[static_cast<size_t>(b)], cf.data<float>() + b * L * Dc});
+    outs.push_back(v.data<float>() + b * C * L);
+  }
+  DitWorkspace ws;
+  forward(pool, items, L, outs, compute, ws);
+  return v;
+}
+
+}  // namespace mm3

@@ -1,0 +1,79 @@
+// dit.h — the flow-matching DiT (MODEL.md §1.5, §4.1): v = DiT(x, t, C).
+//
+//   z = [x | 0 | C^T] (channels), z = Conv1x1(z) + z, proj_in; the Fourier/MLP time embedding is
+//   prepended as token 0; 36 pre-norm blocks (LayerNorm eps 1e-5 with bias, bidirectional MHA with
+//   partial rotate_half RoPE over the first rotary_dim dims of each head, θ = 10000, positions 0..S−1
+//   including the time token; gated FF with the value half first: [a | g] = ff_in(x), a ⊙ SiLU(g));
+//   no final norm; proj_out on tokens 1..S−1; v = Conv1x1(v) + v.
+//
+// Kernels: linear, add, layer_norm, rope_tables, rope_apply, attention, silu, silu_mul, transpose_2d.
+//
+// Immutable after construction (weights are zero-copy views of the checkpoint); the bf16 weight copies
+// for the bf16 compute option are built once on first use (thread-safe). Per-call state lives in a
+// DitWorkspace owned by the caller.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+#include "io/safetensors.h"
+#include "kernels/kernels.h"
+#include "model/config.h"
+
+namespace mm3 {
+
+// Per-call buffers (token-major float rows); grown on demand, fully rewritten by every forward.
+struct DitWorkspace {
+  std::vector<float> z, zp;          // [B·L, Cc] concat input, after the pre conv
+  std::vector<float> h, n;           // [B·S, D] residual stream, normed
+  std::vector<float> qkv;            // [B·S, 3D] q | k | v
+  std::vector<float> att, tmp;       // [B·S, D]
+  std::vector<float> ff, act;        // [B·S, 2F], [B·S, F]
+  std::vector<float> tf, t1;         // [B, fourier], [B, D] time-embedding intermediates
+  std::vector<float> po, pv;         // [L, C] proj_out, post conv (one batch item at a time)
+  std::vector<float> cos, sin;       // [S, rot]
+  int64_t rope_len = -1;
+  DType rope_store = DType::F32;
+};
+
+// One batch item: latents x [C, L] (channel-major, torch [1, C, L]), time t, condition [L, Dc] token-major
+// (torch [1, L, Dc]) or nullptr for the all-zero condition (the CFG unconditional branch).
+struct DitItem {
+  const float* x = nullptr;
+  float t = 0;
+  const float* cond = nullptr;
+};
+
+class DiT {
+ public:
+  // Binds transformer/*.safetensors (441 tensors at full size); throws BadModel listing every defect.
+  DiT(const TensorStore& store, const DitConfig& cfg);
+  ~DiT();
+
+  const DitConfig& config() const { return cfg_; }
+
+  // Velocity of every item: out[b] is [C, L] channel-major. `compute` F32 (reference) or BF16 (every op
+  // boundary rounds to bf16, with bf16 weights, as torch's bf16 model does).
+  void forward(const ThreadPool& pool, const std::vector<DitItem>& items, int64_t L, const std::vector<float*>& out,
+               DType compute, DitWorkspace& ws) const;
+
+  // Tensor convenience: x [B, C, L], t [B], cond [B, L, Dc] -> [B, C, L] F32.
+  Tensor forward(const ThreadPool& pool, const Tensor& x, const Tensor& t, const Tensor& cond,
+                 DType compute = DType::F32) const;
+
+  struct Weights;  // one precision's weights (dit.cpp)
+
+ private:
+  const Weights& weights(DType compute) const;
+
+  DitConfig cfg_;
+  std::unique_ptr<Weights> f32_;
+  mutable std::unique_ptr<Weights> bf16_;
+  mutable std::once_flag bf16_once_;
+};
+
+}  // namespace mm3

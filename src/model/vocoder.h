@@ -1,0 +1,55 @@
+// vocoder.h — the Flow-VAE decoder ("DAV", a DAC decoder; MODEL.md §1.6, §5.1): latents [C, L] ->
+// stereo waveform [2, hop·L] at 44.1 kHz.
+//
+//   stereo fold (channels [0, C/2) left, [C/2, C) right, decoded as two mono streams); dec_in_proj 1×1;
+//   WN-conv_in k7; 4 blocks of Snake, WN-ConvTranspose1d(k 2s, stride s, pad ⌈s/2⌉), three residual units
+//   (Snake, WN-conv k7 dilation d ∈ {1, 3, 9}, Snake, WN-conv k1, + x); Snake, WN-conv_out k7; tanh.
+//   Weight norm is folded at load (WeightBinder::get_weight_norm, dim 0: per output channel for Conv1d
+//   V [out, in, k], per input channel for ConvTranspose1d V [in, out, k]).
+//
+// Kernels: conv1d, conv_transpose1d, snake, add, tanh_inplace.
+//
+// Immutable after construction; bf16 weight copies for the bf16 compute option are built on first use.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+#include "io/safetensors.h"
+#include "model/config.h"
+
+namespace mm3 {
+
+class Vocoder {
+ public:
+  // Binds vocoder/*.safetensors (121 tensors at full size); throws BadModel listing every defect.
+  Vocoder(const TensorStore& store, const VocoderConfig& cfg);
+  ~Vocoder();
+
+  const VocoderConfig& config() const { return cfg_; }
+  int64_t hop() const { return hop_; }  // samples per latent (512)
+
+  // latents: [C, L] channel-major F32 values (torch [1, C, L]); wave: [2, hop·L] (row stride ldw >= hop·L).
+  // compute F32 (reference) or BF16 (rounds at every op boundary, bf16-rounded weights).
+  void decode(const ThreadPool& pool, const float* latents, int64_t L, float* wave, int64_t ldw,
+              DType compute = DType::F32) const;
+  // Tensor convenience: [1, C, L] or [C, L] -> [1, 2, hop·L] F32.
+  Tensor decode(const ThreadPool& pool, const Tensor& latents, DType compute = DType::F32) const;
+
+  struct Weights;  // one precision's weights (vocoder.cpp)
+
+ private:
+  const Weights& weights(DType compute) const;
+
+  VocoderConfig cfg_;
+  int64_t hop_ = 0;
+  std::unique_ptr<Weights> f32_;
+  mutable std::unique_ptr<Weights> bf16_;
+  mutable std::once_flag bf16_once_;
+};
+
+}  // namespace mm3
