@@ -37,7 +37,7 @@ class LinearWeight {
   int64_t in_features() const { return in_; }
   const Tensor& weight() const { return w_; }
   const Tensor& bias() const { return b_; }
-  bool has_bias() const { return b_.numel() > 0; }
+  bool has_bias() const { return !bias_f32_.empty(); }
   const float* bias_f32() const { return bias_f32_.empty() ? nullptr : bias_f32_.data(); }
   // Backend-private prepacked form (e.g. oneDNN blocked bf16); null when not packed.
   std::shared_ptr<const void> packed;

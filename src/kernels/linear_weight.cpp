@@ -1,4 +1,6 @@
 // linear_weight.cpp — LinearWeight construction (kernels.h).
+// A default-constructed Tensor (no storage) means "no bias"; note its numel() is 1 (a 0-d shape), so
+// presence is decided by storage, not by numel.
 #include "kernels/kernels.h"
 
 namespace mm3::kern {
@@ -8,7 +10,8 @@ LinearWeight::LinearWeight(Tensor weight, Tensor bias) : w_(std::move(weight)), 
     throw InternalError("LinearWeight: weight must be a contiguous 2-D F32 or BF16 tensor, got " + w_.describe());
   out_ = w_.dim(0);
   in_ = w_.dim(1);
-  if (b_.numel() > 0) {
+  if (b_.raw() == nullptr) b_ = Tensor();
+  if (b_.raw() != nullptr) {
     if (b_.ndim() != 1 || b_.dim(0) != out_)
       throw InternalError("LinearWeight: bias " + b_.describe() + " does not match weight " + w_.describe());
     bias_f32_ = b_.to_f32_vector();

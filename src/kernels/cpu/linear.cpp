@@ -9,8 +9,8 @@
 // * M <= 4 (decode): a GEMV that streams each weight row once for all M rows, parallel over output
 //   rows. ISA picked at runtime (AVX-512 [+BF16 dot products] / AVX2+FMA / scalar). Each output is
 //   computed by one thread with a fixed order, so results do not depend on the thread count.
-// * M > 4: OpenBLAS sgemm; BF16 weights are widened to f32 one block of output rows at a time.
-//   OpenBLAS partitions M and N across threads, never K, so this too is thread-count independent.
+// * M > 4: the blocked GEMM in gemm_nt.cpp (fp32 FMA chains, or AVX512-BF16 pair dots for a bf16
+//   computation). Not OpenBLAS: its sgemm results change with the thread count (see gemm_nt.h).
 #pragma GCC optimize("fp-contract=off")
 
 #include <immintrin.h>
@@ -21,6 +21,7 @@
 
 #include <cblas.h>
 
+#include "kernels/cpu/gemm_nt.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/kernels.h"
 
@@ -256,40 +257,10 @@ void linear_gemv(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx,
 void linear_gemm(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const LinearWeight& w, float* y,
                  int64_t ldy, DType store) {
   const int64_t N = w.out_features(), K = w.in_features();
-  blas_threads(pool);
-  if (w.weight().dtype() == DType::F32) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(M), static_cast<blasint>(N),
-                static_cast<blasint>(K), 1.0f, x, static_cast<blasint>(ldx), w.weight().data<float>(),
-                static_cast<blasint>(K), 0.0f, y, static_cast<blasint>(ldy));
-  } else {
-    // Widen a block of weight rows (~4 MiB) and multiply; every output still sums all of K in one
-    // sgemm, so the blocking does not change any result.
-    const uint16_t* wb = static_cast<const uint16_t*>(w.weight().raw());
-    const int64_t nb = std::min<int64_t>(N, std::max<int64_t>(16, (int64_t(1) << 20) / std::max<int64_t>(1, K)));
-    std::vector<float> wf(static_cast<size_t>(nb * K));
-    for (int64_t n0 = 0; n0 < N; n0 += nb) {
-      const int64_t rows = std::min(nb, N - n0);
-      pool.parallel_for(
-          rows * K,
-          [&](int64_t b, int64_t e) { bf16_to_f32(wb + n0 * K + b, wf.data() + b, static_cast<size_t>(e - b)); },
-          1 << 16);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(M), static_cast<blasint>(rows),
-                  static_cast<blasint>(K), 1.0f, x, static_cast<blasint>(ldx), wf.data(), static_cast<blasint>(K),
-                  0.0f, y + n0, static_cast<blasint>(ldy));
-    }
-  }
-  const float* bias = w.bias_f32();
-  if (bias || store == DType::BF16) {
-    pool.parallel_for(
-        M,
-        [&](int64_t m0, int64_t m1) {
-          for (int64_t m = m0; m < m1; ++m) {
-            float* yr = y + m * ldy;
-            for (int64_t n = 0; n < N; ++n) yr[n] = round_store(bias ? yr[n] + bias[n] : yr[n], store);
-          }
-        },
-        std::max<int64_t>(1, 16384 / std::max<int64_t>(1, N)));
-  }
+  const DType wdt = w.weight().dtype();
+  // bf16 dot products exactly when the GEMV would use them: a bf16 computation with bf16 weights.
+  detail::gemm_nt(pool, x, ldx, M, w.weight().raw(), wdt, K, N, K, w.bias_f32(), y, ldy, store,
+                  wdt == DType::BF16 && store == DType::BF16);
 }
 
 }  // namespace

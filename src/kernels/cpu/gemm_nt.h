@@ -1,0 +1,26 @@
+// gemm_nt.h — the CPU backend's own blocked GEMM, C = A · Bᵀ (private to src/kernels/cpu).
+//
+// Why not OpenBLAS here: its sgemm gives different bits with 1 and 2 threads (measured in
+// tests/unit/kernels_linear.cpp), and kernels.h promises `linear` results independent of the thread
+// count. In this kernel every output element is ONE sequential fp32 FMA chain over k = 0..K-1 (the
+// partial sum is parked in C between K blocks, which is exact), so neither the blocking, the thread
+// count, nor the ISA (AVX-512 or the portable fallback) changes a single bit.
+// The bf16 variant (AVX512-BF16 VDPBF16PS) chains over k in pairs instead; same guarantees on a
+// given machine. Products of bf16 values are exact in fp32 either way.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "core/thread_pool.h"
+
+namespace mm3::kern::detail {
+
+// C[m, n] = round_store(sum_k A[m, k] * B[n, k] + bias[n]) for m < M, n < N (C stride ldc; only those
+// entries are written). A: fp32 rows (stride lda). B: rows of length K, stride ldb, F32 floats or BF16
+// bits (b_dtype). bias: fp32 [N] or null. bf16_dot: use bf16 dot products (A must be bf16-valued;
+// requires B in BF16 and cpu_has_avx512bf16(); otherwise ignored).
+void gemm_nt(const ThreadPool& pool, const float* A, int64_t lda, int64_t M, const void* B, DType b_dtype, int64_t ldb,
+             int64_t N, int64_t K, const float* bias, float* C, int64_t ldc, DType store, bool bf16_dot);
+
+}  // namespace mm3::kern::detail

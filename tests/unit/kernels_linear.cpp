@@ -1,0 +1,189 @@
+// kernels_linear.cpp — kern::linear and kern::gemm_f32 against their ref twins (ref/ref_kernels.h),
+// torch bf16 linear bit patterns, and the determinism contract (kernels.h; ARCHITECTURE.md habit 11).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <tuple>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include "kernels/ref/ref_kernels.h"
+#include "kernels_util.h"
+
+namespace mm3 {
+namespace {
+
+using test::Guarded;
+using test::Rng;
+
+struct LinCase {
+  int64_t M, K, N;
+};
+
+// Builds a LinearWeight [N, K] of the given dtype (values bf16-representable either way when
+// bf16_values, so an F32 and a BF16 weight can hold the same numbers).
+kern::LinearWeight make_weight(Rng& rng, int64_t N, int64_t K, DType wdt, bool with_bias, DType bdt) {
+  std::vector<float> w = rng.vec(static_cast<size_t>(N * K), -1.f, 1.f, true);
+  Tensor wt = Tensor::from_f32(w, {N, K});
+  if (wdt == DType::BF16) wt = wt.to(DType::BF16);
+  Tensor bt;
+  if (with_bias) {
+    bt = Tensor::from_f32(rng.vec(static_cast<size_t>(N), -1.f, 1.f, true), {N});
+    if (bdt == DType::BF16) bt = bt.to(DType::BF16);
+  }
+  return kern::LinearWeight(wt, bt);
+}
+
+float weight_value(const kern::LinearWeight& w, int64_t i) {
+  return w.weight().dtype() == DType::BF16 ? bf16_bits_to_f32(static_cast<const uint16_t*>(w.weight().raw())[i])
+                                           : w.weight().data<float>()[i];
+}
+
+void check_linear(const ThreadPool& pool, const LinCase& c, DType wdt, DType store, bool with_bias, uint64_t seed) {
+  SCOPED_TRACE(::testing::Message() << "M=" << c.M << " K=" << c.K << " N=" << c.N << " w=" << dtype_name(wdt)
+                                    << " store=" << test::store_name(store) << " bias=" << with_bias);
+  Rng rng(seed);
+  const kern::LinearWeight w = make_weight(rng, c.N, c.K, wdt, with_bias, wdt);
+  const int64_t ldx = c.K + 3, ldy = c.N + 5;
+  // bf16 computations take bf16-valued inputs (kernels.h); fp32 ones take arbitrary floats.
+  std::vector<float> x = rng.vec(static_cast<size_t>(c.M * ldx), -2.f, 2.f, store == DType::BF16);
+  Guarded y(c.M, c.N, ldy);
+  kern::linear(pool, x.data(), c.M, ldx, w, y.data(), ldy, store);
+  std::vector<float> ref(static_cast<size_t>(c.M * c.N));
+  ref::linear(pool, x.data(), c.M, ldx, w, ref.data(), c.N, store);
+
+  EXPECT_EQ(y.touched_outside(), 0) << "wrote outside y's rows / guards";
+  EXPECT_EQ(y.untouched_inside(), 0) << "left outputs unwritten";
+  const float* bias = w.bias_f32();
+  const int64_t bad = test::count_violations(
+      "linear", y.data(), ldy, ref.data(), c.M, c.N, [&](int64_t m, int64_t n, float e) {
+        // fp32 summation error bound: K/2 ulps of sum |terms| (worst-case recursive summation),
+        // plus one bf16 spacing when the stored result may round the other way.
+        double s = bias ? std::fabs(bias[n]) : 0.0;
+        for (int64_t k = 0; k < c.K; ++k) s += std::fabs(double(x[m * ldx + k]) * weight_value(w, n * c.K + k));
+        double t = (c.K + 2) * 0.5 * test::kEps32 * s;
+        if (store == DType::BF16) t += test::bf16_ulp(e);
+        return t;
+      });
+  EXPECT_EQ(bad, 0);
+  if (store == DType::BF16) {
+    EXPECT_EQ(test::count_non_bf16(y.data(), ldy, c.M, c.N), 0) << "bf16 store left unrounded values";
+    // Rounding flips need a near-tie: most outputs must be bit-identical to the exact-then-round twin.
+    EXPECT_LE(test::count_bit_diffs(y.data(), ldy, ref.data(), c.M, c.N), c.M * c.N / 10 + 1);
+  }
+}
+
+const LinCase kCases[] = {{1, 37, 29}, {2, 37, 29}, {3, 37, 29}, {4, 64, 33},  {3, 1, 5},     {1, 15, 3},
+                          {4, 97, 7},  {5, 37, 29}, {7, 100, 3}, {37, 129, 65}, {1, 512, 17}, {64, 300, 130},
+                          {6, 1, 9},   {2, 33, 1}};
+
+TEST(KernelsLinear, MatchesRefAllPathsAndDtypes) {
+  ThreadPool pool(2);
+  uint64_t seed = 1;
+  for (const auto& c : kCases)
+    for (DType wdt : {DType::F32, DType::BF16})
+      for (DType store : {DType::F32, DType::BF16})
+        for (bool bias : {false, true}) check_linear(pool, c, wdt, store, bias, seed++);
+}
+
+TEST(KernelsLinear, SingleThreadMatchesRef) {
+  ThreadPool pool(1);
+  uint64_t seed = 1000;
+  for (const auto& c : {LinCase{3, 37, 29}, LinCase{37, 129, 65}})
+    for (DType wdt : {DType::F32, DType::BF16})
+      for (DType store : {DType::F32, DType::BF16}) check_linear(pool, c, wdt, store, true, seed++);
+}
+
+// torch 1.13 (CPU, mkldnn bf16): F.linear(x.bfloat16(), W.bfloat16(), b.bfloat16()) with
+// x = [[1, 2^-8, 0, 0], [1, 3*2^-8, 0, 0], [1, 2^-8, 2^-16, 0]],
+// W = [[1, 1, 1, 0], [1, -1, 1, 0], [-1, 1, -1, 0], [0.5, 1, 1, 1]], b = [0, 0, 0, 2^-9].
+// The exact sums sit on bf16 ties (1 + 2^-8 -> 1, 1 + 3*2^-8 -> 1 + 2^-6) or just past one
+// (1 + 2^-8 + 2^-16 -> 1 + 2^-7): fp32 accumulation, bias before rounding, ties to even.
+TEST(KernelsLinear, Bf16TieRoundingMatchesTorch) {
+  const uint16_t want[12] = {0x3f80, 0x3f7f, 0xbf7f, 0x3f02, 0x3f82, 0x3f7d,
+                             0xbf7d, 0x3f04, 0x3f81, 0x3f7f, 0xbf7f, 0x3f02};
+  const std::vector<float> x = {1, 1.f / 256, 0, 0, 1, 3.f / 256, 0, 0, 1, 1.f / 256, 1.f / 65536, 0};
+  const std::vector<float> w = {1, 1, 1, 0, 1, -1, 1, 0, -1, 1, -1, 0, 0.5f, 1, 1, 1};
+  const std::vector<float> b = {0, 0, 0, 1.f / 512};
+  ThreadPool pool(2);
+  for (DType wdt : {DType::F32, DType::BF16}) {
+    Tensor wt = Tensor::from_f32(w, {4, 4}), bt = Tensor::from_f32(b, {4});
+    if (wdt == DType::BF16) wt = wt.to(DType::BF16), bt = bt.to(DType::BF16);
+    kern::LinearWeight lw(wt, bt);
+    // 3 rows take the GEMV path; the same rows repeated to 6 take the GEMM path.
+    for (int64_t reps : {1, 2}) {
+      std::vector<float> xs;
+      for (int r = 0; r < reps; ++r) xs.insert(xs.end(), x.begin(), x.end());
+      const int64_t M = 3 * reps;
+      std::vector<float> y(static_cast<size_t>(M * 4));
+      kern::linear(pool, xs.data(), M, 4, lw, y.data(), 4, DType::BF16);
+      for (int64_t i = 0; i < M * 4; ++i)
+        EXPECT_EQ(f32_to_bf16_bits(y[i]), want[i % 12])
+            << "w=" << dtype_name(wdt) << " M=" << M << " at " << i << " got " << y[i];
+    }
+  }
+}
+
+// Same call twice is bitwise equal, and so is the result with 1 and 2 threads, on both paths.
+TEST(KernelsLinear, DeterministicAndThreadCountIndependent) {
+  ThreadPool p1(1), p2(2);
+  Rng rng(77);
+  for (DType wdt : {DType::F32, DType::BF16}) {
+    const kern::LinearWeight w = make_weight(rng, 256, 517, wdt, true, wdt);
+    for (DType store : {DType::F32, DType::BF16})
+      for (int64_t M : {1, 3, 4, 6, 40}) {
+        SCOPED_TRACE(::testing::Message() << "w=" << dtype_name(wdt) << " store=" << test::store_name(store)
+                                          << " M=" << M);
+        std::vector<float> x = rng.vec(static_cast<size_t>(M * 517), -1.f, 1.f, store == DType::BF16);
+        std::vector<float> a(static_cast<size_t>(M * 256)), b(a.size()), c(a.size());
+        kern::linear(p2, x.data(), M, 517, w, a.data(), 256, store);
+        kern::linear(p2, x.data(), M, 517, w, b.data(), 256, store);
+        kern::linear(p1, x.data(), M, 517, w, c.data(), 256, store);
+        EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "two identical calls differ";
+        EXPECT_EQ(std::memcmp(a.data(), c.data(), a.size() * 4), 0) << "1 and 2 threads differ";
+      }
+  }
+}
+
+TEST(KernelsLinear, RejectsBadLeadingDims) {
+  ThreadPool pool(1);
+  Rng rng(5);
+  const kern::LinearWeight w = make_weight(rng, 4, 8, DType::F32, false, DType::F32);
+  std::vector<float> x(64), y(64);
+  EXPECT_THROW(kern::linear(pool, x.data(), 2, 7, w, y.data(), 4, DType::F32), InternalError);
+  EXPECT_THROW(kern::linear(pool, x.data(), 2, 8, w, y.data(), 3, DType::F32), InternalError);
+}
+
+TEST(KernelsGemm, MatchesRefAllTransposes) {
+  ThreadPool pool(2);
+  Rng rng(9);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{3, 29, 37}, {33, 17, 65}, {1, 1, 1}, {70, 40, 9}}) {
+        SCOPED_TRACE(::testing::Message() << "ta=" << ta << " tb=" << tb << " M=" << M << " N=" << N << " K=" << K);
+        const int64_t lda = (ta ? M : K) + 2, ldb = (tb ? K : N) + 3, ldc = N + 4;
+        std::vector<float> A = rng.vec(static_cast<size_t>((ta ? K : M) * lda), -1, 1);
+        std::vector<float> B = rng.vec(static_cast<size_t>((tb ? N : K) * ldb), -1, 1);
+        Guarded C(M, N, ldc);
+        std::vector<float> C0 = rng.vec(static_cast<size_t>(M * N), -1, 1);
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = 0; n < N; ++n) C.data()[m * ldc + n] = C0[m * N + n];
+        std::vector<float> R = C0;
+        const float alpha = 0.75f, beta = -0.5f;
+        kern::gemm_f32(pool, ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+        ref::gemm_f32(pool, ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, R.data(), N);
+        EXPECT_EQ(C.touched_outside(), 0);
+        EXPECT_EQ(test::count_violations("gemm", C.data(), ldc, R.data(), M, N,
+                                         [&](int64_t m, int64_t n, float) {
+                                           double s = std::fabs(beta * C0[m * N + n]);
+                                           for (int64_t k = 0; k < K; ++k)
+                                             s += std::fabs(alpha * (ta ? A[k * lda + m] : A[m * lda + k]) *
+                                                            (tb ? B[n * ldb + k] : B[k * ldb + n]));
+                                           return (K + 3) * 0.5 * test::kEps32 * s;
+                                         }),
+                  0);
+      }
+}
+
+}  // namespace
+}  // namespace mm3
