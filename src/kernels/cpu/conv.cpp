@@ -6,7 +6,7 @@
 //   then y[:, tile] = W[Cout, Cin*K] @ col. A 1x1 stride-1 unpadded conv multiplies x directly.
 // * conv_transpose1d: cols[(co, k), t] = sum_ci W[ci, co, k] x[ci, t] for a tile of input columns
 //   (W^T @ x), then col2im scatters cols into y[co, t*stride - pad + k].
-// Tiles bound the scratch to ~16 MiB (the vocoder's last layers have ~350k columns). Each output
+// Tiles bound the scratch to ~4 MiB (the vocoder's last layers have ~350k columns). Each output
 // sums its full reduction inside one sgemm (conv1d) or in a fixed tile/tap order (conv_transpose1d),
 // so results do not depend on the thread count. Bias is added to the fp32 sum, then one rounding.
 #pragma GCC optimize("fp-contract=off")
@@ -24,7 +24,7 @@ namespace mm3::kern {
 
 namespace {
 
-constexpr int64_t kScratchFloats = int64_t(4) << 20;  // 16 MiB
+constexpr int64_t kScratchFloats = int64_t(1) << 20;  // 4 MiB
 
 void blas_threads(const ThreadPool& pool) {
   if (openblas_get_num_threads() != pool.size()) openblas_set_num_threads(pool.size());
