@@ -14,9 +14,14 @@ const TensorStore& Checkpoint::store(const std::string& component) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = stores_.find(component);
   if (it == stores_.end())
-    it = stores_.emplace(component, std::make_unique<TensorStore>(TensorStore::open_dir(component_dir(component))))
+    it = stores_.emplace(component, std::make_shared<TensorStore>(TensorStore::open_dir(component_dir(component))))
              .first;
   return *it->second;
+}
+
+void Checkpoint::release(const std::string& component) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  stores_.erase(component);
 }
 
 }  // namespace mm3

@@ -22,12 +22,15 @@ class Checkpoint {
   std::string component_dir(const std::string& component) const;
   // The component's tensors (opened and validated on first call).
   const TensorStore& store(const std::string& component) const;
+  // Drops the cached store (its mmaps close once no tensor view of it is alive). Models holding views
+  // keep their own references, so this is safe at any time.
+  void release(const std::string& component) const;
 
  private:
   std::string dir_;
   ModelConfigs cfg_;
   mutable std::mutex mu_;
-  mutable std::map<std::string, std::unique_ptr<TensorStore>> stores_;
+  mutable std::map<std::string, std::shared_ptr<TensorStore>> stores_;
 };
 
 }  // namespace mm3
