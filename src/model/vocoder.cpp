@@ -3,6 +3,7 @@
 #include "model/vocoder.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "kernels/kernels.h"
 #include "model/weights.h"
@@ -111,6 +112,14 @@ Vocoder::Vocoder(const TensorStore& store, const VocoderConfig& cfg) : cfg_(cfg)
   w.alpha_out = vec("snake_out.alpha", {1, ch, 1});
   w.conv_out = conv("conv_out", ch, 1, 7, 1, true);
   b.finish();
+  for (const std::string& name : store.names()) {
+    const Tensor t = store.get(name);
+    for (float v : t.to_f32_vector())
+      if (!std::isfinite(v)) {
+        nonfinite_.push_back(name);
+        break;
+      }
+  }
 }
 
 Vocoder::~Vocoder() = default;

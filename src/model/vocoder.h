@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -32,6 +33,9 @@ class Vocoder {
 
   const VocoderConfig& config() const { return cfg_; }
   int64_t hop() const { return hop_; }  // samples per latent (512)
+  // Checkpoint tensors that hold NaN/inf (loaded as-is, like torch; they make the output non-finite).
+  // Callers report these: a non-finite waveform then names its cause.
+  const std::vector<std::string>& nonfinite_tensors() const { return nonfinite_; }
 
   // latents: [C, L] channel-major F32 values (torch [1, C, L]); wave: [2, hop·L] (row stride ldw >= hop·L).
   // compute F32 (reference) or BF16 (rounds at every op boundary, bf16-rounded weights).
@@ -47,6 +51,7 @@ class Vocoder {
 
   VocoderConfig cfg_;
   int64_t hop_ = 0;
+  std::vector<std::string> nonfinite_;
   std::unique_ptr<Weights> f32_;
   mutable std::unique_ptr<Weights> bf16_;
   mutable std::once_flag bf16_once_;
