@@ -15,6 +15,7 @@
 #include <fstream>
 #include <future>
 #include <map>
+#include <memory>
 #include <set>
 
 #include "core/errors.h"
@@ -558,12 +559,21 @@ struct Progress {
 // pool) while a background task writes the other with pwrite, waits for it to reach the disk
 // (sync_file_range) and drops it from the page cache, so neither our memory nor the kernel's dirty
 // pages grow with the model size, and the MB/s printed is the disk's.
+// The two chunk buffers, allocated once per checkpoint and left uninitialised (every byte handed to
+// pwrite was generated first).
+struct ChunkBuffers {
+  explicit ChunkBuffers(size_t n) : size(n) {
+    for (auto& b : buf) b.reset(new unsigned char[n]);
+  }
+  size_t size;
+  std::array<std::unique_ptr<unsigned char[]>, 2> buf;
+};
+
 class StreamFile {
  public:
-  StreamFile(std::string path, size_t chunk) : path_(std::move(path)), partial_(path_ + ".partial") {
+  StreamFile(std::string path, ChunkBuffers& bufs) : path_(std::move(path)), partial_(path_ + ".partial"), bufs_(bufs) {
     fd_ = ::open(partial_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd_ < 0) throw InvalidInput(fmt::format("cannot create {}: {}", partial_, std::strerror(errno)));
-    for (auto& b : buf_) b.resize(chunk);
   }
   ~StreamFile() {
     if (pending_.valid()) {
@@ -583,10 +593,10 @@ class StreamFile {
 
   // Space left in the current buffer (flushes a full one first).
   size_t space() {
-    if (fill_ == buf_[cur_].size()) flush();
-    return buf_[cur_].size() - fill_;
+    if (fill_ == bufs_.size) flush();
+    return bufs_.size - fill_;
   }
-  unsigned char* ptr() { return buf_[cur_].data() + fill_; }
+  unsigned char* ptr() { return bufs_.buf[cur_].get() + fill_; }
   void commit(size_t n) { fill_ += n; }
   void put(const void* data, size_t n) {
     const auto* p = static_cast<const unsigned char*>(data);
@@ -615,7 +625,7 @@ class StreamFile {
   void flush() {
     if (fill_ == 0) return;
     if (pending_.valid()) pending_.get();  // the other buffer is free again (rethrows a write error)
-    const unsigned char* data = buf_[cur_].data();
+    const unsigned char* data = bufs_.buf[cur_].get();
     const size_t n = fill_;
     const uint64_t off = offset_;
     pending_ = std::async(std::launch::async, [this, data, n, off] { write_out(data, n, off); });
@@ -639,8 +649,8 @@ class StreamFile {
   }
 
   std::string path_, partial_;
+  ChunkBuffers& bufs_;
   int fd_ = -1;
-  std::array<std::vector<unsigned char>, 2> buf_;
   int cur_ = 0;
   size_t fill_ = 0;
   uint64_t offset_ = 0;
@@ -662,9 +672,9 @@ void write_text(const fs::path& path, const std::string& text) {
 std::string json_text(const json& j) { return j.dump(2) + "\n"; }  // = json.dumps(indent=2, sort_keys=True)
 
 void write_weights(const PlannedComponent& c, const PlannedFile& f, const fs::path& dir, uint64_t seed,
-                   const WriteOptions& opt, const ThreadPool& pool, Progress& prog) {
+                   ChunkBuffers& bufs, const ThreadPool& pool, Progress& prog) {
   const std::string what = c.name + "/" + f.name;
-  StreamFile out((dir / f.name).string(), opt.chunk_bytes);
+  StreamFile out((dir / f.name).string(), bufs);
   const uint64_t n = f.header.size();
   unsigned char len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
@@ -679,7 +689,7 @@ void write_weights(const PlannedComponent& c, const PlannedFile& f, const fs::pa
     while (left > 0) {
       size_t room = out.space() / es;
       if (room == 0) {  // a partial element cannot happen: buffers are multiples of 8 and so is the header
-        throw InternalError(fmt::format("synth: chunk of {} bytes misaligned for {}", opt.chunk_bytes, t.name));
+        throw InternalError(fmt::format("synth: chunk of {} bytes misaligned for {}", bufs.size, t.name));
       }
       const int64_t k = std::min<int64_t>(left, static_cast<int64_t>(room));
       fill(pool, t.init, key, first, k, c.dtype, out.ptr());
@@ -730,11 +740,15 @@ WriteResult write_checkpoint(const SynthPlan& plan, const std::string& out_dir, 
   prog.total = total;
   WriteResult r;
   const auto t0 = Clock::now();
+  uint64_t largest = 8;
+  for (const auto& c : plan.components)
+    for (const auto& f : c.files) largest = std::max(largest, f.file_bytes());
+  ChunkBuffers bufs(static_cast<size_t>(std::min<uint64_t>(opt.chunk_bytes, (largest + 7) / 8 * 8)));
   for (const auto& c : plan.components) {
     const fs::path dir = out / c.name;
     fs::create_directories(dir);
     for (const auto& f : c.files) {
-      write_weights(c, f, dir, plan.seed, opt, pool, prog);
+      write_weights(c, f, dir, plan.seed, bufs, pool, prog);
       r.files++;
     }
     if (!c.index_name.empty()) {
@@ -755,6 +769,7 @@ WriteResult write_checkpoint(const SynthPlan& plan, const std::string& out_dir, 
     const fs::path dst = out / "tokenizer" / f.filename();
     const fs::path tmp = dst.string() + ".partial";
     fs::copy_file(f, tmp, fs::copy_options::overwrite_existing);
+    fs::permissions(tmp, fs::perms::owner_read | fs::perms::owner_write, fs::perm_options::add);  // source may be read-only
     fs::rename(tmp, dst);
     prog.add(fs::file_size(dst), "tokenizer/" + f.filename().string());
     r.files++;

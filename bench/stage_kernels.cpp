@@ -1,0 +1,202 @@
+// stage_kernels.cpp — `mm3 bench` stages that time single kernels (kernels/kernels.h) at the shapes the
+// full-size model runs them (MODEL.md §1.2 LM decode GEMV, §1.5/§4 DiT GEMMs and attention over a
+// 690-token window, §1.6/§5 vocoder block 0 ConvTranspose1d), plus a memory-bandwidth floor.
+// Inputs are deterministic random values (model/synth_checkpoint.h generator); no model is needed.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "bench_stages.h"
+#include "core/errors.h"
+#include "core/tensor.h"
+#include "kernels/kernels.h"
+#include "model/synth_checkpoint.h"
+
+namespace mm3::bench {
+namespace {
+
+// A float buffer of n random values N(0, std) (Irwin–Hall, synth generator).
+std::shared_ptr<std::vector<float>> random_f32(const ThreadPool& pool, int64_t n, float std, uint64_t key) {
+  auto v = std::make_shared<std::vector<float>>(static_cast<size_t>(n));
+  synth::fill(pool, synth::Init::normal(0.f, std), key, 0, n, DType::F32, v->data());
+  return v;
+}
+
+Tensor random_tensor(const ThreadPool& pool, DType dt, Shape shape, float std, uint64_t key) {
+  Tensor t = Tensor::empty(dt, shape);
+  synth::fill(pool, synth::Init::normal(0.f, std), key, 0, t.numel(), dt, t.raw());
+  return t;
+}
+
+// kern::linear over x [M, K] with a weight [N, K] of `dt`; y [M, N] stored as `store`.
+StageRun linear_stage(const BenchContext& ctx, int64_t M, int64_t N, int64_t K, DType dt, DType store,
+                      bool weight_bytes_only) {
+  const ThreadPool& pool = ctx.pool();
+  auto w = std::make_shared<kern::LinearWeight>(random_tensor(pool, dt, {N, K}, 0.02f, 1));
+  auto x = random_f32(pool, M * K, 1.f, 2);
+  if (store == DType::BF16) round_to_store(x->data(), x->size(), DType::BF16);  // bf16-valued activations
+  auto y = std::make_shared<std::vector<float>>(static_cast<size_t>(M * N));
+  StageRun r;
+  r.run = [&pool, w, x, y, M, N, K, store] { kern::linear(pool, x->data(), M, K, *w, y->data(), N, store); };
+  const double wbytes = double(N) * K * dtype_size(dt);
+  r.bytes = weight_bytes_only ? wbytes : wbytes + 4.0 * M * K + 4.0 * M * N;
+  r.flops = 2.0 * M * N * K;
+  r.info = {{"M", M}, {"N", N}, {"K", K}, {"weight_dtype", dtype_name(dt)}, {"store", dtype_name(store)},
+            {"bytes_counts", weight_bytes_only ? "weight" : "weight+x+y"}};
+  return r;
+}
+
+RegisterStage gemv_bf16{{
+    .name = "gemv_bf16_4096x12288_m2",
+    .description = "kern::linear M=2 over a BF16 [12288, 4096] weight (LM mlp.gate_proj, one decode step of "
+                   "the [cond, uncond] batch); bytes = weight bytes streamed",
+    .needs_model = false,
+    .setup = [](const BenchContext& ctx) { return linear_stage(ctx, 2, 12288, 4096, DType::BF16, DType::BF16, true); },
+}};
+
+RegisterStage gemm_bf16{{
+    .name = "gemm_bf16_689x2048x8192",
+    .description = "kern::linear M=689 N=2048 K=8192, BF16 weight, BF16 store (DiT ff_out size in a bf16 "
+                   "profile); bytes = weight + x + y",
+    .needs_model = false,
+    .setup = [](const BenchContext& ctx) { return linear_stage(ctx, 689, 2048, 8192, DType::BF16, DType::BF16, false); },
+}};
+
+RegisterStage gemm_f32{{
+    .name = "gemm_f32_689x2048x8192",
+    .description = "kern::linear M=689 N=2048 K=8192, F32 weight and store (DiT ff_out as the fp32 reference "
+                   "profile runs it); bytes = weight + x + y",
+    .needs_model = false,
+    .setup = [](const BenchContext& ctx) { return linear_stage(ctx, 689, 2048, 8192, DType::F32, DType::F32, false); },
+}};
+
+RegisterStage sgemm_blas{{
+    .name = "sgemm_blas_689x2048x8192",
+    .description = "kern::gemm_f32 (OpenBLAS) C[689,2048] = A[689,8192] * B[2048,8192]^T: the library "
+                   "reference for gemm_f32_689x2048x8192; bytes = A + B + C",
+    .needs_model = false,
+    .setup =
+        [](const BenchContext& ctx) {
+          const ThreadPool& pool = ctx.pool();
+          const int64_t M = 689, N = 2048, K = 8192;
+          auto a = random_f32(pool, M * K, 1.f, 3);
+          auto b = random_f32(pool, N * K, 0.02f, 4);
+          auto c = std::make_shared<std::vector<float>>(static_cast<size_t>(M * N));
+          StageRun r;
+          r.run = [&pool, a, b, c] {
+            kern::gemm_f32(pool, false, true, M, N, K, 1.f, a->data(), K, b->data(), K, 0.f, c->data(), N);
+          };
+          r.bytes = 4.0 * (M * K + N * K + M * N);
+          r.flops = 2.0 * M * N * K;
+          r.info = {{"M", M}, {"N", N}, {"K", K}};
+          return r;
+        },
+}};
+
+RegisterStage conv_t_block0{{
+    .name = "conv_transpose1d_vocoder_block0",
+    .description = "kern::conv_transpose1d F32, Cin 1536 -> Cout 768, k 16, stride 8, pad 4, L 689 -> 5512 "
+                   "(vocoder block 0 over one window); bytes = w + x + y",
+    .needs_model = false,
+    .setup =
+        [](const BenchContext& ctx) {
+          const ThreadPool& pool = ctx.pool();
+          const int64_t Cin = 1536, Cout = 768, L = 689;
+          const int K = 16, stride = 8, pad = 4;
+          const int64_t Lout = kern::conv_transpose1d_out_len(L, K, stride, pad, 0);
+          auto x = random_f32(pool, Cin * L, 1.f, 5);
+          auto w = random_f32(pool, Cin * Cout * K, 1.f / std::sqrt(2.f * Cin), 6);
+          auto b = random_f32(pool, Cout, 0.01f, 7);
+          auto y = std::make_shared<std::vector<float>>(static_cast<size_t>(Cout * Lout));
+          StageRun r;
+          r.run = [&pool, x, w, b, y, Cin, Cout, L, K, stride, pad] {
+            kern::conv_transpose1d(pool, x->data(), Cin, L, w->data(), b->data(), Cout, K, stride, pad, 0, y->data(),
+                                   DType::F32);
+          };
+          r.bytes = 4.0 * (x->size() + w->size() + y->size());
+          r.flops = 2.0 * Cin * Cout * K * L;
+          r.info = {{"Cin", Cin}, {"Cout", Cout}, {"K", K}, {"stride", stride}, {"pad", pad}, {"L", L}, {"Lout", Lout}};
+          return r;
+        },
+}};
+
+RegisterStage attention_dit{{
+    .name = "attention_dit_L690",
+    .description = "kern::attention F32, 32 heads x 64, 690 tokens (the DiT window: 689 latents + the time "
+                   "token), bidirectional; bytes = q + k + v + out",
+    .needs_model = false,
+    .setup =
+        [](const BenchContext& ctx) {
+          const ThreadPool& pool = ctx.pool();
+          const int64_t S = 690;
+          const int H = 32, D = 64;
+          const int64_t ld = int64_t(H) * D;
+          auto q = random_f32(pool, S * ld, 1.f, 8);
+          auto k = random_f32(pool, S * ld, 1.f, 9);
+          auto v = random_f32(pool, S * ld, 1.f, 10);
+          auto o = std::make_shared<std::vector<float>>(static_cast<size_t>(S * ld));
+          StageRun r;
+          r.run = [&pool, q, k, v, o, S, H, D, ld] {
+            kern::attention(pool, q->data(), ld, k->data(), v->data(), ld, DType::F32, o->data(), ld, S, S, H, H, D,
+                            1.f / std::sqrt(float(D)), false, 0, DType::F32);
+          };
+          r.bytes = 4.0 * 4 * S * ld;
+          r.flops = 4.0 * S * S * H * D;  // q.k and p.v, 2 flops per multiply-add each
+          r.info = {{"S", S}, {"heads", H}, {"head_dim", D}, {"causal", false}};
+          return r;
+        },
+}};
+
+// Sum of a [begin, end) slice of 64-bit words, 8 independent accumulators so the loop is bound by the
+// loads, not by an add chain.
+uint64_t sum_words(const uint64_t* p, int64_t n) {
+  uint64_t a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) a[j] += p[i + j];
+  for (; i < n; ++i) a[0] += p[i];
+  uint64_t s = 0;
+  for (uint64_t x : a) s += x;
+  return s;
+}
+
+RegisterStage mem_bw{{
+    .name = "mem_bandwidth",
+    .description = "streaming read (sum) of a 1 GiB buffer over the pool: the memory floor any "
+                   "weight-streaming stage is bounded by; bytes = 2^30",
+    .needs_model = false,
+    .setup =
+        [](const BenchContext& ctx) {
+          const ThreadPool& pool = ctx.pool();
+          const int64_t words = (int64_t(1) << 30) / 8;
+          auto buf = std::make_shared<std::vector<uint64_t>>(static_cast<size_t>(words));
+          // Touch every page with non-zero data, in parallel (first touch places the pages).
+          pool.parallel_for(words, [&](int64_t b, int64_t e) {
+            for (int64_t i = b; i < e; ++i) (*buf)[i] = static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull;
+          });
+          auto sink = std::make_shared<std::vector<uint64_t>>(pool.size() + 1, 0);
+          StageRun r;
+          r.run = [&pool, buf, sink, words] {
+            std::vector<uint64_t> part(static_cast<size_t>(pool.size()) + 1, 0);
+            std::atomic<int> slot{0};
+            pool.parallel_for(
+                words,
+                [&](int64_t b, int64_t e) {
+                  const int s = slot.fetch_add(1);
+                  part[static_cast<size_t>(std::min<int>(s, pool.size()))] += sum_words(buf->data() + b, e - b);
+                },
+                1 << 20);
+            uint64_t tot = 0;
+            for (uint64_t x : part) tot += x;
+            (*sink)[0] += tot;  // keeps the reads observable
+          };
+          r.bytes = double(words) * 8;
+          r.info = {{"buffer_bytes", words * 8}};
+          return r;
+        },
+}};
+
+}  // namespace
+}  // namespace mm3::bench
