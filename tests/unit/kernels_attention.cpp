@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <tuple>
 #include <vector>
 
+#include "kernels/cpu/simd.h"
 #include "kernels/kernels.h"
 #include "kernels/ref/ref_kernels.h"
 #include "kernels_util.h"
@@ -33,6 +35,11 @@ const AttnCase kAttn[] = {
     {7, 13, 4, 4, 24, false, 0},  // bidirectional, Hq == Hkv
     {6, 9, 2, 1, 33, false, 0},   // odd head dim, MQA
     {2, 40, 3, 3, 256, true, 38}, // depth-decoder head dim
+    // >= 16 rows per KV head take the transposed-K path (the cases above take direct dot products)
+    {20, 20, 4, 2, 16, true, 0},   // prefill
+    {9, 33, 8, 2, 24, true, 24},   // chunk after a cache, GQA 4:1
+    {17, 70, 2, 2, 40, false, 0},  // bidirectional, keys span two 64-key blocks
+    {16, 130, 4, 1, 33, true, 114}, // odd D, three key blocks
 };
 
 void check_attention(const ThreadPool& pool, const AttnCase& c, DType kv_dt, DType store, uint64_t seed) {
@@ -112,6 +119,42 @@ TEST(KernelsAttention, ThreadCountIndependent) {
                   0.2f, true, c.q_pos0, DType::F32);
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
 }
+
+#if defined(__AVX512F__)
+// The attention kernel's vector exp (kernels/cpu/simd.h): within 2 ulps of exp in double over the
+// range softmax feeds it (s - max <= 0, down to the fp32 underflow), exact 0 below, NaN kept.
+TEST(KernelsAttention, VectorExpAccuracy) {
+  Rng rng(9);
+  std::vector<float> xs = rng.vec(4096, -103.f, 0.f);
+  for (float v : {0.f, -1e-8f, -0.5f, -0.34657359f, -87.3f, -88.f, -1.f, -10.f}) xs.push_back(v);
+  while (xs.size() % 16) xs.push_back(-2.f);
+  int64_t worst = 0;
+  for (size_t i = 0; i < xs.size(); i += 16) {
+    float out[16];
+    _mm512_storeu_ps(out, kern::detail::exp_v(_mm512_loadu_ps(xs.data() + i)));
+    for (int l = 0; l < 16; ++l) {
+      const float want = static_cast<float>(std::exp(double(xs[i + l])));
+      const float got = out[l];
+      if (want >= 1.17549435e-38f) {
+        const int64_t d = std::llabs(int64_t(f32_bits(got)) - int64_t(f32_bits(want)));
+        worst = std::max(worst, d);
+        EXPECT_LE(d, 2) << "exp(" << xs[i + l] << ") got " << got << " want " << want;
+      } else {  // denormal results: absolute error of a couple of denormal steps
+        EXPECT_LE(std::fabs(double(got) - double(want)), 3e-45) << "exp(" << xs[i + l] << ")";
+      }
+    }
+  }
+  float in[16], out[16];
+  for (int l = 0; l < 16; ++l) in[l] = -200.f;
+  in[1] = NAN;
+  in[2] = -INFINITY;
+  _mm512_storeu_ps(out, kern::detail::exp_v(_mm512_loadu_ps(in)));
+  EXPECT_EQ(out[0], 0.f);
+  EXPECT_TRUE(std::isnan(out[1]));
+  EXPECT_EQ(out[2], 0.f);
+  RecordProperty("worst_ulps", static_cast<int>(worst));
+}
+#endif
 
 TEST(KernelsSoftmax, MatchesRefIncludingLargeLogits) {
   Rng rng(8);

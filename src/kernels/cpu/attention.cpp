@@ -4,6 +4,9 @@
 // causal, §1.3 causal, §4.1 bidirectional): s = (q . k) * scale in fp32, max-subtracted softmax in
 // fp32, out = sum_j p_j v_j accumulated in fp32 and rounded once to the store dtype. As in torch's CPU
 // flash kernel, the weighted sum uses the unnormalised exp(s - max) and is scaled by 1/sum at the end.
+// The AVX-512 path blocks 4 query rows x 64 keys (scores from a transposed f32 copy of K) and
+// 4 rows x 64 dims (P·V); the portable path walks one (query, head) row at a time. In both every
+// output is one sequential FMA chain over the keys, so the thread count never changes a bit.
 // Query head h reads KV head h / (Hq / Hkv) (torch's repeat_interleave in repeat_kv / enable_gqa).
 #pragma GCC optimize("fp-contract=off")
 
@@ -30,6 +33,227 @@ float exp_shift_sum(float* s, int64_t n, float mx) {
 }
 
 }  // namespace
+
+#if defined(__AVX512F__)
+namespace {
+
+constexpr int kRB = 4;    // query rows per register block
+constexpr int kKB = 64;   // keys per score block (4 zmm)
+constexpr int kDB = 64;   // head dims per PV block (4 zmm)
+
+inline __mmask16 lane_mask(int64_t n) { return detail::tail_mask(std::max<int64_t>(0, n)); }
+
+// One work item: KV head hk, query rows [i0, i0 + nq) of all `group` query heads that read hk.
+// Rows are ordered (query, head-in-group). Scores come from K transposed ([D][Skv64], f32) so each
+// FMA produces 16 scores; every output element is still one sequential FMA chain over keys.
+struct AttnItem {
+  const float* q;
+  int64_t ldq;
+  const void* k;        // K in its own layout (direct scores) ...
+  bool kbits;           // ... as bf16 bits
+  const float* kt;      // or transposed, [D][ldkt] for this kv head (null: direct scores)
+  int64_t ldkt;         // row stride of kt
+  int64_t skv64;        // keys padded to a multiple of 64
+  const void* v;
+  int64_t ldkv;
+  bool vb;              // V is bf16 bits
+  float* out;
+  int64_t ldo;
+  int64_t Skv;
+  int group, hk, D;
+  float scale;
+  bool causal;
+  int64_t q_pos0;
+  DType store;
+};
+
+void attention_item(const AttnItem& a, int64_t i0, int64_t nq, std::vector<float>& S) {
+  const int rows = static_cast<int>(nq) * a.group;
+  S.resize(static_cast<size_t>(rows) * a.ldkt);
+  std::vector<const float*> qr(rows);
+  std::vector<float*> orow(rows);
+  std::vector<int64_t> nk(rows);
+  for (int r = 0; r < rows; ++r) {
+    const int64_t i = i0 + r / a.group;
+    const int h = a.hk * a.group + r % a.group;
+    qr[r] = a.q + i * a.ldq + int64_t(h) * a.D;
+    orow[r] = a.out + i * a.ldo + int64_t(h) * a.D;
+    nk[r] = a.causal ? std::min<int64_t>(a.Skv, a.q_pos0 + i + 1) : a.Skv;
+  }
+  const __m512 vscale = _mm512_set1_ps(a.scale);
+  // ---- scores, few rows (decode): per key, D-wide FMAs for 4 rows, then one reduction each ----
+  if (!a.kt) {
+    for (int rb = 0; rb < rows; rb += kRB) {
+      const int rn = std::min(kRB, rows - rb);
+      int64_t nkmax = 0;
+      for (int r = 0; r < rn; ++r) nkmax = std::max(nkmax, nk[rb + r]);
+      for (int64_t j = 0; j < nkmax; ++j) {
+        const int64_t off = j * a.ldkv + int64_t(a.hk) * a.D;
+        __m512 acc[kRB];
+        for (int r = 0; r < kRB; ++r) acc[r] = _mm512_setzero_ps();
+        for (int d = 0; d < a.D; d += 16) {
+          const __mmask16 m = lane_mask(a.D - d);
+          const __m512 kv = a.kbits ? detail::maskz_load_bf16_v(m, static_cast<const uint16_t*>(a.k) + off + d)
+                                    : _mm512_maskz_loadu_ps(m, static_cast<const float*>(a.k) + off + d);
+          for (int r = 0; r < rn; ++r) acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qr[rb + r] + d), kv, acc[r]);
+        }
+        for (int r = 0; r < rn; ++r) S[size_t(rb + r) * a.ldkt + j] = _mm512_reduce_add_ps(acc[r]) * a.scale;
+      }
+    }
+  }
+  // ---- scores, many rows: S[r][j] = (q_r . k_j) * scale, 4 rows x 64 keys per register block ----
+  for (int rb = 0; a.kt && rb < rows; rb += kRB) {
+    const int rn = std::min(kRB, rows - rb);
+    int64_t nkmax = 0;
+    for (int r = 0; r < rn; ++r) nkmax = std::max(nkmax, nk[rb + r]);
+    for (int64_t jb = 0; jb < nkmax; jb += kKB) {
+      __m512 acc[kRB][4];
+      for (int r = 0; r < kRB; ++r)
+        for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
+      const float* kt = a.kt + jb;
+      for (int d = 0; d < a.D; ++d) {
+        const float* kr = kt + int64_t(d) * a.ldkt;
+        const __m512 k0 = _mm512_loadu_ps(kr), k1 = _mm512_loadu_ps(kr + 16), k2 = _mm512_loadu_ps(kr + 32),
+                     k3 = _mm512_loadu_ps(kr + 48);
+        for (int r = 0; r < rn; ++r) {
+          const __m512 qv = _mm512_set1_ps(qr[rb + r][d]);
+          acc[r][0] = _mm512_fmadd_ps(qv, k0, acc[r][0]);
+          acc[r][1] = _mm512_fmadd_ps(qv, k1, acc[r][1]);
+          acc[r][2] = _mm512_fmadd_ps(qv, k2, acc[r][2]);
+          acc[r][3] = _mm512_fmadd_ps(qv, k3, acc[r][3]);
+        }
+      }
+      for (int r = 0; r < rn; ++r)
+        for (int c = 0; c < 4; ++c)
+          _mm512_storeu_ps(S.data() + size_t(rb + r) * a.ldkt + jb + 16 * c, _mm512_mul_ps(acc[r][c], vscale));
+    }
+  }
+  // ---- softmax numerators in place: e = exp(s - max) over each row's own keys; inv = 1 / sum ----
+  std::vector<float> inv(rows);
+  for (int r = 0; r < rows; ++r) {
+    float* s = S.data() + size_t(r) * a.ldkt;
+    const int64_t n = nk[r];
+    __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int64_t j = 0; j < n; j += 16) mx = _mm512_mask_max_ps(mx, lane_mask(n - j), mx, _mm512_loadu_ps(s + j));
+    const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 msk = lane_mask(n - j);
+      const __m512 e = detail::exp_v(_mm512_sub_ps(_mm512_loadu_ps(s + j), m));
+      _mm512_mask_storeu_ps(s + j, msk, e);
+      sum = _mm512_mask_add_ps(sum, msk, sum, e);
+    }
+    inv[r] = 1.0f / _mm512_reduce_add_ps(sum);
+  }
+  // ---- out_r = (sum_j e_rj v_j) * inv_r: 4 rows x 64 dims in registers, keys sequential ----
+  for (int rb = 0; rb < rows; rb += kRB) {
+    const int rn = std::min(kRB, rows - rb);
+    int64_t nkmin = nk[rb];
+    for (int r = 0; r < rn; ++r) nkmin = std::min(nkmin, nk[rb + r]);
+    for (int d0 = 0; d0 < a.D; d0 += kDB) {
+      __mmask16 dm[4];
+      for (int c = 0; c < 4; ++c) dm[c] = lane_mask(a.D - d0 - 16 * c);
+      __m512 acc[kRB][4];
+      for (int r = 0; r < kRB; ++r)
+        for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
+      auto load_v = [&](int64_t j, __m512 (&vv)[4]) {
+        const int64_t off = j * a.ldkv + int64_t(a.hk) * a.D + d0;
+        for (int c = 0; c < 4; ++c)
+          vv[c] = a.vb ? detail::maskz_load_bf16_v(dm[c], static_cast<const uint16_t*>(a.v) + off + 16 * c)
+                       : _mm512_maskz_loadu_ps(dm[c], static_cast<const float*>(a.v) + off + 16 * c);
+      };
+      for (int64_t j = 0; j < nkmin; ++j) {
+        __m512 vv[4];
+        load_v(j, vv);
+        for (int r = 0; r < rn; ++r) {
+          const __m512 p = _mm512_set1_ps(S[size_t(rb + r) * a.ldkt + j]);
+          for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_fmadd_ps(p, vv[c], acc[r][c]);
+        }
+      }
+      for (int r = 0; r < rn; ++r) {  // rows that see more keys (causal) continue their own chain
+        for (int64_t j = nkmin; j < nk[rb + r]; ++j) {
+          __m512 vv[4];
+          load_v(j, vv);
+          const __m512 p = _mm512_set1_ps(S[size_t(rb + r) * a.ldkt + j]);
+          for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_fmadd_ps(p, vv[c], acc[r][c]);
+        }
+        const __m512 iv = _mm512_set1_ps(inv[rb + r]);
+        for (int c = 0; c < 4; ++c)
+          if (dm[c])
+            _mm512_mask_storeu_ps(orow[rb + r] + d0 + 16 * c, dm[c],
+                                  detail::round_store_v(_mm512_mul_ps(acc[r][c], iv), a.store));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* k, const void* v, int64_t ldkv,
+               DType kv_dtype, float* out, int64_t ldo, int64_t Sq, int64_t Skv, int Hq, int Hkv, int D, float scale,
+               bool causal, int64_t q_pos0, DType store) {
+  MM3_CHECK(Hq > 0 && Hkv > 0 && Hq % Hkv == 0, "attention: Hq={} not a multiple of Hkv={}", Hq, Hkv);
+  MM3_CHECK(D > 0 && ldq >= int64_t(Hq) * D && ldo >= int64_t(Hq) * D && ldkv >= int64_t(Hkv) * D,
+            "attention: D={} ldq={} ldkv={} ldo={} for Hq={} Hkv={}", D, ldq, ldkv, ldo, Hq, Hkv);
+  MM3_CHECK(kv_dtype == DType::F32 || kv_dtype == DType::BF16, "attention: kv dtype {} unsupported",
+            dtype_name(kv_dtype));
+  MM3_CHECK(Skv > 0 && q_pos0 >= 0, "attention: Skv={} q_pos0={}", Skv, q_pos0);
+  if (Sq <= 0) return;
+  const int group = Hq / Hkv;
+  const bool kb = kv_dtype == DType::BF16;
+  // Keys a query can see at most (causal rows never look past q_pos0 + Sq - 1).
+  const int64_t kmax = causal ? std::min<int64_t>(Skv, q_pos0 + Sq) : Skv;
+  const int64_t skv64 = (kmax + kKB - 1) / kKB * kKB;
+  // Row stride of the transposed K, padded by one cache line: a multiple of 4 KiB would put every
+  // d-row of a key block in the same L1 set.
+  const int64_t ldkt = skv64 + 16;
+  // K transposed to f32 [Hkv][D][ldkt] (keys zero-padded to skv64): shared by every query block of a
+  // head. Worth its extra pass over K only when many rows read each key (prefill, the DiT); a decode
+  // step (few rows per KV head) takes direct dot products instead.
+  const bool use_kt = Sq * group >= 16;
+  std::vector<float> kt(use_kt ? static_cast<size_t>(Hkv) * D * ldkt : 0);
+  // Tasks = (kv head, block of 64 keys): rows of K are read contiguously, the transposed block's
+  // 64-float runs are written while they sit in L1.
+  const int64_t nkb = use_kt ? skv64 / kKB : 0;
+  pool.parallel_for(
+      int64_t(Hkv) * nkb,
+      [&](int64_t b, int64_t e) {
+        for (int64_t t = b; t < e; ++t) {
+          const int64_t hk = t / nkb, j0 = (t % nkb) * kKB, j1 = std::min(kmax, j0 + kKB);
+          float* dst = kt.data() + size_t(hk) * D * ldkt;
+          for (int64_t j = j0; j < j1; ++j) {
+            const int64_t off = j * ldkv + hk * D;
+            if (kb) {
+              const uint16_t* src = static_cast<const uint16_t*>(k) + off;
+              for (int d = 0; d < D; ++d) dst[d * ldkt + j] = bf16_bits_to_f32(src[d]);
+            } else {
+              const float* src = static_cast<const float*>(k) + off;
+              for (int d = 0; d < D; ++d) dst[d * ldkt + j] = src[d];
+            }
+          }
+          for (int64_t j = std::max(j0, j1); j < j0 + kKB; ++j)
+            for (int d = 0; d < D; ++d) dst[d * ldkt + j] = 0.f;
+        }
+      },
+      std::max<int64_t>(1, 64 / std::max(1, D / 16)));
+
+  // Query blocks small enough that 2 x threads items exist when possible.
+  const int64_t bq = std::clamp<int64_t>(Sq * Hkv / std::max(1, 2 * pool.size()), 1, 16);
+  const int64_t nqb = (Sq + bq - 1) / bq;
+  AttnItem it{q, ldq, k, kb, nullptr, ldkt, skv64, v, ldkv, kb, out, ldo, Skv, group, 0, D, scale, causal, q_pos0, store};
+  pool.parallel_for(Hkv * nqb, [&](int64_t b, int64_t e) {
+    std::vector<float> S;
+    for (int64_t t = b; t < e; ++t) {
+      AttnItem a = it;
+      a.hk = static_cast<int>(t / nqb);
+      a.kt = use_kt ? kt.data() + size_t(a.hk) * D * ldkt : nullptr;
+      const int64_t i0 = (t % nqb) * bq;
+      attention_item(a, i0, std::min(bq, Sq - i0), S);
+    }
+  });
+}
+
+#else  // portable fallback: one (query, head) row at a time
 
 void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* k, const void* v, int64_t ldkv,
                DType kv_dtype, float* out, int64_t ldo, int64_t Sq, int64_t Skv, int Hq, int Hkv, int D, float scale,
@@ -83,6 +307,8 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
       },
       std::max<int64_t>(1, 4096 / std::max<int64_t>(1, Skv * D / 64)));
 }
+
+#endif
 
 void softmax_rows(float* x, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) {

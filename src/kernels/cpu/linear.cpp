@@ -59,77 +59,139 @@ void blas_threads(const ThreadPool& pool) {
 
 // ---- GEMV bodies: sums[m * N + n] = sum_k x[m, k] * W[n, k] for n in [n0, n1) ----
 
+// The AVX-512 bodies work on NB = 4 output rows at a time with C independent accumulator chains per
+// (row, m), so that enough FMA / VDPBF16PS chains are in flight to hide their latency (2 chains per
+// row were latency-bound at ~100 GFLOP/s on L2-resident weights). Chain c takes the vector blocks
+// b = c, c + C, ...; the masked tail goes to chain 0; the chains are summed in order, then reduced.
+// A row's operation sequence does not depend on its neighbours, so rows computed 4 at a time or
+// alone (chunk remainders) give the same bits, whatever the thread chunking.
+constexpr int kGemvNB = 4;
+constexpr int gemv_chains(int M) { return M <= 2 ? 2 : 1; }
+
+template <int M, int NB, bool WB>
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline void gemv_rows_avx512(const float* x, int64_t ldx,
+                                                                                  const void* wp, int64_t K,
+                                                                                  int64_t n, float* sums, int64_t N) {
+  constexpr int C = gemv_chains(M);
+  auto wrow = [&](int i, int64_t off, __mmask16 msk, bool full) -> __m512 {
+    if constexpr (WB) {
+      const uint16_t* p = static_cast<const uint16_t*>(wp) + (n + i) * K + off;
+      const __m256i h = full ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)) : _mm256_maskz_loadu_epi16(msk, p);
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    } else {
+      const float* p = static_cast<const float*>(wp) + (n + i) * K + off;
+      return full ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(msk, p);
+    }
+  };
+  __m512 acc[NB][M][C];
+  for (int i = 0; i < NB; ++i)
+    for (int m = 0; m < M; ++m)
+      for (int c = 0; c < C; ++c) acc[i][m][c] = _mm512_setzero_ps();
+  const int64_t nb = K / 16;
+  int64_t b = 0;
+  for (; b + C <= nb; b += C)
+    for (int c = 0; c < C; ++c) {
+      const int64_t off = (b + c) * 16;
+      __m512 xv[M];
+      for (int m = 0; m < M; ++m) xv[m] = _mm512_loadu_ps(x + m * ldx + off);
+      for (int i = 0; i < NB; ++i) {
+        const __m512 wv = wrow(i, off, 0, true);
+        for (int m = 0; m < M; ++m) acc[i][m][c] = _mm512_fmadd_ps(xv[m], wv, acc[i][m][c]);
+      }
+    }
+  for (int c = 0; b < nb; ++b, ++c) {  // leftover full blocks continue chains 0, 1, ...
+    const int64_t off = b * 16;
+    for (int i = 0; i < NB; ++i) {
+      const __m512 wv = wrow(i, off, 0, true);
+      for (int m = 0; m < M; ++m) acc[i][m][c] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * ldx + off), wv, acc[i][m][c]);
+    }
+  }
+  if (K % 16) {
+    const int64_t off = nb * 16;
+    const __mmask16 msk = __mmask16((1u << (K % 16)) - 1u);
+    for (int i = 0; i < NB; ++i) {
+      const __m512 wv = wrow(i, off, msk, false);
+      for (int m = 0; m < M; ++m)
+        acc[i][m][0] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(msk, x + m * ldx + off), wv, acc[i][m][0]);
+    }
+  }
+  for (int i = 0; i < NB; ++i)
+    for (int m = 0; m < M; ++m) {
+      __m512 t = acc[i][m][0];
+      for (int c = 1; c < C; ++c) t = _mm512_add_ps(t, acc[i][m][c]);
+      sums[m * N + n + i] = _mm512_reduce_add_ps(t);
+    }
+}
+
 template <int M, bool WB>
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void gemv_avx512(const float* x, int64_t ldx, const void* wp,
                                                                       int64_t K, int64_t n0, int64_t n1,
                                                                       float* sums, int64_t N) {
-  auto load_w = [&](const void* base, int64_t off) -> __m512 {
-    if constexpr (WB)
-      return _mm512_castsi512_ps(_mm512_slli_epi32(
-          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
-              static_cast<const uint16_t*>(base) + off))),
-          16));
-    else
-      return _mm512_loadu_ps(static_cast<const float*>(base) + off);
-  };
-  auto maskz_load_w = [&](__mmask16 msk, const void* base, int64_t off) -> __m512 {
-    if constexpr (WB)
-      return _mm512_castsi512_ps(_mm512_slli_epi32(
-          _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(msk, static_cast<const uint16_t*>(base) + off)), 16));
-    else
-      return _mm512_maskz_loadu_ps(msk, static_cast<const float*>(base) + off);
-  };
-  for (int64_t n = n0; n < n1; ++n) {
-    const void* wr = WB ? static_cast<const void*>(static_cast<const uint16_t*>(wp) + n * K)
-                        : static_cast<const void*>(static_cast<const float*>(wp) + n * K);
-    __m512 a0[M], a1[M];
-    for (int m = 0; m < M; ++m) a0[m] = a1[m] = _mm512_setzero_ps();
-    int64_t k = 0;
-    for (; k + 32 <= K; k += 32) {
-      __m512 w0 = load_w(wr, k), w1 = load_w(wr, k + 16);
-      for (int m = 0; m < M; ++m) {
-        a0[m] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * ldx + k), w0, a0[m]);
-        a1[m] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * ldx + k + 16), w1, a1[m]);
-      }
-    }
-    for (; k < K; k += 16) {
-      __mmask16 msk = K - k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (K - k)) - 1u);
-      __m512 w0 = maskz_load_w(msk, wr, k);
-      for (int m = 0; m < M; ++m) a0[m] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(msk, x + m * ldx + k), w0, a0[m]);
-    }
-    for (int m = 0; m < M; ++m) sums[m * N + n] = _mm512_reduce_add_ps(_mm512_add_ps(a0[m], a1[m]));
-  }
+  int64_t n = n0;
+  for (; n + kGemvNB <= n1; n += kGemvNB) gemv_rows_avx512<M, kGemvNB, WB>(x, ldx, wp, K, n, sums, N);
+  for (; n < n1; ++n) gemv_rows_avx512<M, 1, WB>(x, ldx, wp, K, n, sums, N);
 }
 
 // BF16 x BF16 with VDPBF16PS: xb is the bf16 copy of x, [M, Kp] with Kp even and zero padding.
 // Products of bf16 values are exact in fp32, so this is an fp32-accumulated dot product like the
-// others, only with a different (fixed) summation order.
+// others, only with a different (fixed) summation order. Blocks are 32 bf16 (16 pairs).
+template <int M, int NB>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline void gemv_rows_bf16(const uint16_t* xb,
+                                                                                           int64_t Kp,
+                                                                                           const uint16_t* w,
+                                                                                           int64_t K, int64_t n,
+                                                                                           float* sums, int64_t N) {
+  constexpr int C = gemv_chains(M);
+  __m512 acc[NB][M][C];
+  for (int i = 0; i < NB; ++i)
+    for (int m = 0; m < M; ++m)
+      for (int c = 0; c < C; ++c) acc[i][m][c] = _mm512_setzero_ps();
+  const int64_t nb = K / 32;
+  int64_t b = 0;
+  for (; b + C <= nb; b += C)
+    for (int c = 0; c < C; ++c) {
+      const int64_t off = (b + c) * 32;
+      __m512i xv[M];
+      for (int m = 0; m < M; ++m) xv[m] = _mm512_loadu_si512(xb + m * Kp + off);
+      for (int i = 0; i < NB; ++i) {
+        const __m512i wv = _mm512_loadu_si512(w + (n + i) * K + off);
+        for (int m = 0; m < M; ++m) acc[i][m][c] = _mm512_dpbf16_ps(acc[i][m][c], (__m512bh)xv[m], (__m512bh)wv);
+      }
+    }
+  for (int c = 0; b < nb; ++b, ++c) {
+    const int64_t off = b * 32;
+    for (int i = 0; i < NB; ++i) {
+      const __m512i wv = _mm512_loadu_si512(w + (n + i) * K + off);
+      for (int m = 0; m < M; ++m)
+        acc[i][m][c] = _mm512_dpbf16_ps(acc[i][m][c], (__m512bh)_mm512_loadu_si512(xb + m * Kp + off), (__m512bh)wv);
+    }
+  }
+  if (K % 32) {
+    const int64_t off = nb * 32;
+    const __mmask32 msk = __mmask32((1u << (K % 32)) - 1u);
+    for (int i = 0; i < NB; ++i) {
+      const __m512i wv = _mm512_maskz_loadu_epi16(msk, w + (n + i) * K + off);
+      for (int m = 0; m < M; ++m)
+        acc[i][m][0] =
+            _mm512_dpbf16_ps(acc[i][m][0], (__m512bh)_mm512_maskz_loadu_epi16(msk, xb + m * Kp + off), (__m512bh)wv);
+    }
+  }
+  for (int i = 0; i < NB; ++i)
+    for (int m = 0; m < M; ++m) {
+      __m512 t = acc[i][m][0];
+      for (int c = 1; c < C; ++c) t = _mm512_add_ps(t, acc[i][m][c]);
+      sums[m * N + n + i] = _mm512_reduce_add_ps(t);
+    }
+}
+
 template <int M>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void gemv_avx512bf16(const uint16_t* xb, int64_t Kp,
                                                                                      const uint16_t* w, int64_t K,
                                                                                      int64_t n0, int64_t n1,
                                                                                      float* sums, int64_t N) {
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint16_t* wr = w + n * K;
-    __m512 a0[M], a1[M];
-    for (int m = 0; m < M; ++m) a0[m] = a1[m] = _mm512_setzero_ps();
-    int64_t k = 0;
-    for (; k + 64 <= K; k += 64) {
-      __m512i w0 = _mm512_loadu_si512(wr + k), w1 = _mm512_loadu_si512(wr + k + 32);
-      for (int m = 0; m < M; ++m) {
-        a0[m] = _mm512_dpbf16_ps(a0[m], (__m512bh)_mm512_loadu_si512(xb + m * Kp + k), (__m512bh)w0);
-        a1[m] = _mm512_dpbf16_ps(a1[m], (__m512bh)_mm512_loadu_si512(xb + m * Kp + k + 32), (__m512bh)w1);
-      }
-    }
-    for (; k < K; k += 32) {
-      int64_t r = K - k;
-      __mmask32 msk = r >= 32 ? __mmask32(0xFFFFFFFFu) : __mmask32((1u << r) - 1u);
-      __m512i w0 = _mm512_maskz_loadu_epi16(msk, wr + k);
-      for (int m = 0; m < M; ++m)
-        a0[m] = _mm512_dpbf16_ps(a0[m], (__m512bh)_mm512_maskz_loadu_epi16(msk, xb + m * Kp + k), (__m512bh)w0);
-    }
-    for (int m = 0; m < M; ++m) sums[m * N + n] = _mm512_reduce_add_ps(_mm512_add_ps(a0[m], a1[m]));
-  }
+  int64_t n = n0;
+  for (; n + kGemvNB <= n1; n += kGemvNB) gemv_rows_bf16<M, kGemvNB>(xb, Kp, w, K, n, sums, N);
+  for (; n < n1; ++n) gemv_rows_bf16<M, 1>(xb, Kp, w, K, n, sums, N);
 }
 
 template <int M, bool WB>

@@ -14,9 +14,11 @@
 
 #include <immintrin.h>
 
-// GCC 12 reports its own _mm512_undefined_* helpers (used inside several AVX-512 intrinsics) as
-// "maybe uninitialized" (GCC PR 105593); that false positive would fail -Werror in every kernel file.
+// GCC 12 reports its own _mm*_undefined_* helpers (used inside several AVX-512 intrinsics, e.g.
+// _mm512_reduce_add_ps) as "(maybe) uninitialized" (GCC PR 105593); that false positive would fail
+// -Werror in every kernel file.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 #include "core/dtype.h"
 #include "core/errors.h"
@@ -56,6 +58,29 @@ inline __m512 maskz_load_bf16_v(__mmask16 m, const uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
 }
 inline __mmask16 tail_mask(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u); }
+#endif
+
+#if defined(__AVX512F__)
+// exp(x) for 16 floats, within ~1 ulp: 2^n * e^r with n = round(x log2 e), r = x - n ln2 (two-part
+// ln2 with FMAs, |r| <= 0.35), e^r by its degree-7 Taylor polynomial (truncation < 0.05 ulp), 2^n
+// applied with VSCALEFPS (handles the denormal range). x below -104 gives +0; NaN stays NaN.
+inline __m512 exp_v(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-104.0f), hi = _mm512_set1_ps(88.8f);
+  x = _mm512_min_ps(hi, _mm512_max_ps(lo, x));  // VMAXPS/VMINPS return the 2nd operand on NaN: kept
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);  // ln2 high part (exact n*hi)
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);   // ln2 low part
+  __m512 p = _mm512_set1_ps(1.0f / 5040);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
 #endif
 
 // fp32 dot product with a fixed accumulation order (deterministic; independent of callers' chunking).
