@@ -8,6 +8,18 @@ namespace {
 
 std::string g3(double v) { return fmt::format("{:.3g}", v); }
 
+// A golden tensor holding NaN/inf cannot be compared by any rule of golden/README.md.
+bool golden_unusable(const DiffStats& s, CheckResult& r) {
+  if (s.ref_nonfinite == 0) return false;
+  r.pass = false;
+  r.unverifiable = true;
+  r.metrics = fmt::format("golden_nonfinite={}/{}", s.ref_nonfinite, s.n);
+  r.reason = fmt::format("golden defect: the reference tensor holds {} non-finite value(s) of {}; it cannot be "
+                         "compared (ours: {} non-finite)",
+                         s.ref_nonfinite, s.n, s.nonfinite);
+  return true;
+}
+
 bool same_shape(const Tensor& a, const Tensor& b, CheckResult& r) {
   if (a.shape() == b.shape()) return true;
   r.pass = false;
@@ -40,10 +52,10 @@ DiffStats diff_stats(const Tensor& ours, const Tensor& ref) {
   double se = 0, sr = 0;
   int64_t same_bf16 = 0;
   for (int64_t i = 0; i < s.n; ++i) {
-    if (!std::isfinite(a[i])) {
-      ++s.nonfinite;
-      continue;
-    }
+    const bool fa = std::isfinite(a[i]), fb = std::isfinite(b[i]);
+    s.nonfinite += !fa;
+    s.ref_nonfinite += !fb;
+    if (!fa || !fb) continue;
     const double d = static_cast<double>(a[i]) - static_cast<double>(b[i]);
     se += d * d;
     sr += static_cast<double>(b[i]) * b[i];
@@ -68,6 +80,7 @@ CheckResult check_exact(const std::string& output, const Tensor& ours, const Ten
   CheckResult r{output, "exact", false, "", ""};
   if (!same_shape(ours, ref, r)) return r;
   DiffStats s = diff_stats(ours, ref);
+  if (golden_unusable(s, r)) return r;
   r.metrics = fmt::format("mismatches={}/{}", s.exact_mismatches + s.nonfinite, s.n);
   r.pass = s.exact_mismatches == 0 && s.nonfinite == 0;
   if (!r.pass) r.reason = fmt::format("first mismatch at flat index {}", s.first_mismatch);
@@ -79,6 +92,7 @@ CheckResult check_fp32(const std::string& output, const Tensor& ours, const Tens
   CheckResult r{output, "fp32", false, "", ""};
   if (!same_shape(ours, ref, r)) return r;
   DiffStats s = diff_stats(ours, ref);
+  if (golden_unusable(s, r)) return r;
   const double max_abs_lim = max_abs_over_ref_absmax * s.ref_absmax;
   r.metrics = fmt::format("rel_rms={}/{} max_abs={}/{}", g3(s.rel_rms), g3(rel_rms_max), g3(s.max_abs), g3(max_abs_lim));
   r.pass = s.nonfinite == 0 && s.rel_rms <= rel_rms_max && s.max_abs <= max_abs_lim;
@@ -92,6 +106,7 @@ CheckResult check_bf16(const std::string& output, const Tensor& ours, const Tens
   CheckResult r{output, "bf16", false, "", ""};
   if (!same_shape(ours, ref, r)) return r;
   DiffStats s = diff_stats(ours, ref);
+  if (golden_unusable(s, r)) return r;
   r.metrics = fmt::format("bit_identical={:.4f}/>={:.4f} mean_abs={}/{} max_abs={}/{}", s.bit_identical,
                           bit_identical_min, g3(s.mean_abs), g3(mean_abs_max), g3(s.max_abs), g3(max_abs_max));
   const bool bi = s.bit_identical >= bit_identical_min, me = s.mean_abs <= mean_abs_max, mx = s.max_abs <= max_abs_max;

@@ -17,12 +17,16 @@ struct CheckResult {
   bool pass = false;
   std::string metrics;  // "rel_rms=1.2e-07 max_abs=3e-06/1e-04"
   std::string reason;   // why it failed (empty on pass)
+  // The golden reference itself cannot be compared against (e.g. it holds NaN): no implementation can
+  // pass or fail this check. Reported as a golden defect; `pass` stays false. Never set for a defect of
+  // ours — a non-finite value in OUR output is an ordinary failure.
+  bool unverifiable = false;
 };
 
 struct DiffStats {
   int64_t n = 0;
   double rel_rms = 0, max_abs = 0, mean_abs = 0, ref_absmax = 0, bit_identical = 0;
-  int64_t nonfinite = 0, exact_mismatches = 0, first_mismatch = -1;
+  int64_t nonfinite = 0, ref_nonfinite = 0, exact_mismatches = 0, first_mismatch = -1;
 };
 DiffStats diff_stats(const Tensor& ours, const Tensor& ref);
 

@@ -95,12 +95,25 @@ CaseReport run_one(const json& spec, const VerifyContext& ctx) {
 
 }  // namespace
 
+void finalize_report(CaseReport& r) {
+  if (r.error.empty() && r.checks.empty()) r.error = "case has no checks";
+  int verifiable = 0;
+  bool all = true;
+  for (const auto& c : r.checks) {
+    if (c.unverifiable) continue;
+    ++verifiable;
+    all &= c.pass;
+  }
+  r.pass = r.error.empty() && verifiable > 0 && all;
+  r.unverifiable = r.error.empty() && verifiable == 0 && !r.checks.empty();
+}
+
 void print_report(const CaseReport& r, std::FILE* out, bool verbose) {
   std::string metrics;
   for (const auto& c : r.checks)
-    metrics += fmt::format(" {}:{}[{}]{}", c.output, c.rule, c.metrics, c.pass ? "" : "!");
+    metrics += fmt::format(" {}:{}[{}]{}", c.output, c.rule, c.metrics, c.pass ? "" : c.unverifiable ? "?" : "!");
   if (!r.error.empty()) metrics += " error: " + r.error;
-  std::fprintf(out, "%s %s %s%s\n", r.pass ? "PASS" : "FAIL", r.name.c_str(), r.kind.c_str(), metrics.c_str());
+  std::fprintf(out, "%s %s %s%s\n", r.pass ? "PASS" : r.unverifiable ? "UNVERIFIABLE" : "FAIL", r.name.c_str(), r.kind.c_str(), metrics.c_str());
   for (const auto& c : r.checks)
     if (!c.pass && !c.reason.empty()) std::fprintf(out, "    %s: %s\n", c.output.c_str(), c.reason.c_str());
   if (verbose || !r.pass)
@@ -126,14 +139,13 @@ std::vector<CaseReport> run_verify(const fs::path& golden_dir, const VerifyOptio
   for (const json& spec : manifest["cases"]) {
     if (!selected(opt.kinds, spec.value("kind", "")) || !selected(opt.cases, spec.value("name", ""))) continue;
     CaseReport r = run_one(spec, ctx);
-    r.pass = r.error.empty() && !r.checks.empty();
-    for (const auto& c : r.checks) r.pass &= c.pass;
-    if (r.error.empty() && r.checks.empty()) r.error = "case has no checks";
+    finalize_report(r);
     print_report(r, out, opt.verbose);
     reports.push_back(std::move(r));
   }
   if (selected(opt.kinds, "tokenizer")) {
     for (CaseReport& r : run_tokenizer_files(ctx, opt)) {
+      finalize_report(r);
       print_report(r, out, opt.verbose);
       reports.push_back(std::move(r));
     }

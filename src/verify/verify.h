@@ -63,7 +63,8 @@ using KindRunner = std::function<CaseOutputs(const CaseInput&)>;
 // One printed line: PASS/FAIL name kind metrics, plus detail lines.
 struct CaseReport {
   std::string name, kind;
-  bool pass = false;
+  bool pass = false;          // every verifiable check passed (and there was at least one)
+  bool unverifiable = false;  // no verifiable check: every check hit a golden defect (not a pass)
   std::vector<CheckResult> checks;
   std::vector<std::string> notes;
   std::string error;  // set when the runner threw
@@ -80,5 +81,8 @@ std::vector<CaseReport> run_verify(const std::filesystem::path& golden_dir, cons
                                    const ThreadPool& pool, std::FILE* out);
 
 void print_report(const CaseReport& r, std::FILE* out, bool verbose);
+
+// Sets pass / unverifiable from the checks and the error (the one place the case verdict is made).
+void finalize_report(CaseReport& r);
 
 }  // namespace mm3::verify

@@ -26,14 +26,29 @@ RegisterCommand reg{{"verify", 20,
                        sub.footer(
                            "Runs each case of GOLDEN_DIR/manifest.json and applies its checks with the rules of\n"
                            "golden/README.md. Prints one line per case (PASS/FAIL name kind metrics), then\n"
-                           "'N passed, N failed'. Exit 0 only when nothing failed.\n\n"
+                           "'N passed, N failed'. Exit 0 only when nothing failed. A check whose golden tensor is itself\n"
+                           "unusable (NaN/inf) is marked '?' and reported as a golden defect: it counts as neither;\n"
+                           "a case with only such checks is UNVERIFIABLE.\n\n"
                            "Example:\n  mm3 verify ../shared/golden/v1 --kind scheduler --kind vocoder");
                        return [a]() {
                          ThreadPool pool(a->threads);
                          verify::VerifyOptions opt{a->kinds, a->cases, a->verbose};
                          auto reports = verify::run_verify(a->dir, opt, pool, stdout);
-                         int passed = 0, failed = 0;
-                         for (const auto& r : reports) (r.pass ? passed : failed)++;
+                         int passed = 0, failed = 0, unverifiable = 0, defect_checks = 0;
+                         std::string names;
+                         for (const auto& r : reports) {
+                           if (r.unverifiable) {
+                             ++unverifiable;
+                             names += (names.empty() ? "" : ", ") + r.name;
+                           } else {
+                             (r.pass ? passed : failed)++;
+                           }
+                           for (const auto& c : r.checks) defect_checks += c.unverifiable;
+                         }
+                         if (defect_checks)
+                           std::printf("%d check(s) could not be verified because the golden tensor itself is "
+                                       "defective (marked '?'); %d case(s) had nothing else to check%s%s\n",
+                                       defect_checks, unverifiable, names.empty() ? "" : ": ", names.c_str());
                          std::printf("%d passed, %d failed\n", passed, failed);
                          if (reports.empty()) {
                            std::fprintf(stderr, "mm3 verify: no case matched the filters\n");
