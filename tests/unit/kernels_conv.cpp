@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "kernels/kernels.h"
@@ -168,6 +169,33 @@ TEST(KernelsConv, ConvTranspose1dMatchesRef) {
           EXPECT_EQ(test::count_non_bf16(y.data(), Lout, c.Cout, Lout), 0);
         }
       }
+}
+
+}  // namespace
+}  // namespace mm3
+
+namespace mm3 {
+namespace {
+
+// Same call twice is bitwise equal, and so is the result with 1 and 2 threads.
+TEST(KernelsConv, DeterministicAndThreadCountIndependent) {
+  ThreadPool p1(1), p2(2);
+  test::Rng rng(43);
+  const int64_t Cin = 96, Cout = 80, L = 700;
+  std::vector<float> x = rng.vec(size_t(Cin * L), -1, 1), w = rng.vec(size_t(Cout * Cin * 7), -1, 1);
+  std::vector<float> wt = rng.vec(size_t(Cin * Cout * 8), -1, 1), b = rng.vec(size_t(Cout), -1, 1);
+  const int64_t Lo = kern::conv1d_out_len(L, 7, 1, 9, 3), Lt = kern::conv_transpose1d_out_len(L, 8, 4, 2, 0);
+  std::vector<float> a(size_t(Cout * Lo)), c(a.size()), d(a.size()), at(size_t(Cout * Lt)), ct(at.size()), dt(at.size());
+  kern::conv1d(p2, x.data(), Cin, L, w.data(), b.data(), Cout, 7, 1, 9, 3, a.data(), DType::F32);
+  kern::conv1d(p2, x.data(), Cin, L, w.data(), b.data(), Cout, 7, 1, 9, 3, c.data(), DType::F32);
+  kern::conv1d(p1, x.data(), Cin, L, w.data(), b.data(), Cout, 7, 1, 9, 3, d.data(), DType::F32);
+  EXPECT_EQ(std::memcmp(a.data(), c.data(), a.size() * 4), 0) << "conv1d: two identical calls differ";
+  EXPECT_EQ(std::memcmp(a.data(), d.data(), a.size() * 4), 0) << "conv1d: 1 and 2 threads differ";
+  kern::conv_transpose1d(p2, x.data(), Cin, L, wt.data(), b.data(), Cout, 8, 4, 2, 0, at.data(), DType::F32);
+  kern::conv_transpose1d(p2, x.data(), Cin, L, wt.data(), b.data(), Cout, 8, 4, 2, 0, ct.data(), DType::F32);
+  kern::conv_transpose1d(p1, x.data(), Cin, L, wt.data(), b.data(), Cout, 8, 4, 2, 0, dt.data(), DType::F32);
+  EXPECT_EQ(std::memcmp(at.data(), ct.data(), at.size() * 4), 0) << "conv_transpose1d: two identical calls differ";
+  EXPECT_EQ(std::memcmp(at.data(), dt.data(), at.size() * 4), 0) << "conv_transpose1d: 1 and 2 threads differ";
 }
 
 }  // namespace

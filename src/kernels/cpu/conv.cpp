@@ -1,7 +1,8 @@
 // conv.cpp — kern::conv1d and kern::conv_transpose1d (kernels.h), the CPU backend.
 //
 // torch Conv1d / ConvTranspose1d semantics (zero padding, groups = 1; MODEL.md §3 step 5, §4.1 steps
-// 2 and 9, §5.1). Both are lowered to OpenBLAS sgemm:
+// 2 and 9, §5.1). Both are lowered to the backend's own GEMM (gemm_nt.h), not OpenBLAS, whose sgemm
+// bits change with the thread count (tests/unit/kernels_conv.cpp checks 1 vs 2 threads):
 // * conv1d: im2col of a tile of output columns, col[(ci, k), t] = x[ci, t*stride - pad + k*dilation],
 //   then y[:, tile] = W[Cout, Cin*K] @ col. A 1x1 stride-1 unpadded conv multiplies x directly.
 // * conv_transpose1d: cols[(co, k), t] = sum_ci W[ci, co, k] x[ci, t] for a tile of input columns
@@ -9,14 +10,14 @@
 // Tiles bound the scratch to ~4 MiB (the vocoder's last layers have ~350k columns). Each output
 // sums its full reduction inside one sgemm (conv1d) or in a fixed tile/tap order (conv_transpose1d),
 // so results do not depend on the thread count. Bias is added to the fp32 sum, then one rounding.
+// (Each conv1d output is one sequential FMA chain over (ci, k); torch/oneDNN sums in another order.)
 #pragma GCC optimize("fp-contract=off")
 
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
-#include <cblas.h>
-
+#include "kernels/cpu/gemm_nt.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/kernels.h"
 
@@ -25,10 +26,6 @@ namespace mm3::kern {
 namespace {
 
 constexpr int64_t kScratchFloats = int64_t(1) << 20;  // 4 MiB
-
-void blas_threads(const ThreadPool& pool) {
-  if (openblas_get_num_threads() != pool.size()) openblas_set_num_threads(pool.size());
-}
 
 void bias_round(const ThreadPool& pool, float* y, int64_t Cout, int64_t Lout, const float* bias, DType store) {
   if (!bias && store != DType::BF16) return;
@@ -56,12 +53,10 @@ void conv1d(const ThreadPool& pool, const float* x, int64_t Cin, int64_t L, cons
   const int64_t Lout = conv1d_out_len(L, K, stride, pad, dilation);
   MM3_CHECK(Lout > 0, "conv1d: output length {} for L={} K={} stride={} pad={} dilation={}", Lout, L, K, stride,
             pad, dilation);
-  blas_threads(pool);
   const int64_t CK = Cin * K;
   if (K == 1 && stride == 1 && pad == 0) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(Cout), static_cast<blasint>(L),
-                static_cast<blasint>(Cin), 1.0f, w, static_cast<blasint>(Cin), x, static_cast<blasint>(L), 0.0f, y,
-                static_cast<blasint>(Lout));
+    // y[Cout, L] = W[Cout, Cin] @ x[Cin, L]
+    detail::gemm_ex(pool, w, Cin, 1, Cout, x, DType::F32, L, true, L, Cin, nullptr, y, Lout, DType::F32, false);
   } else {
     const int64_t T = std::clamp<int64_t>(kScratchFloats / CK, 64, Lout);
     std::vector<float> col(static_cast<size_t>(CK * std::min(T, Lout)));
@@ -82,9 +77,9 @@ void conv1d(const ThreadPool& pool, const float* x, int64_t Cin, int64_t L, cons
             }
           },
           std::max<int64_t>(1, 16384 / std::max<int64_t>(1, nt)));
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(Cout), static_cast<blasint>(nt),
-                  static_cast<blasint>(CK), 1.0f, w, static_cast<blasint>(CK), col.data(), static_cast<blasint>(nt),
-                  0.0f, y + t0, static_cast<blasint>(Lout));
+      // y[:, t0:t0+nt] = W[Cout, CK] @ col[CK, nt]
+      detail::gemm_ex(pool, w, CK, 1, Cout, col.data(), DType::F32, nt, true, nt, CK, nullptr, y + t0, Lout,
+                      DType::F32, false);
     }
   }
   bias_round(pool, y, Cout, Lout, bias, store);
@@ -98,7 +93,6 @@ void conv_transpose1d(const ThreadPool& pool, const float* x, int64_t Cin, int64
             pad, output_padding);
   const int64_t Lout = conv_transpose1d_out_len(L, K, stride, pad, output_padding);
   MM3_CHECK(Lout > 0, "conv_transpose1d: output length {} for L={} K={} stride={} pad={}", Lout, L, K, stride, pad);
-  blas_threads(pool);
   const int64_t CoK = Cout * K;
   std::memset(y, 0, static_cast<size_t>(Cout * Lout) * sizeof(float));
   const int64_t T = std::clamp<int64_t>(kScratchFloats / CoK, 16, L);
@@ -106,9 +100,9 @@ void conv_transpose1d(const ThreadPool& pool, const float* x, int64_t Cin, int64
   for (int64_t t0 = 0; t0 < L; t0 += T) {
     const int64_t nt = std::min(T, L - t0);
     // cols[CoK, nt] = W^T @ x[:, t0:t0+nt], W viewed as [Cin, Cout*K].
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<blasint>(CoK), static_cast<blasint>(nt),
-                static_cast<blasint>(Cin), 1.0f, w, static_cast<blasint>(CoK), x + t0, static_cast<blasint>(L), 0.0f,
-                cols.data(), static_cast<blasint>(nt));
+    // A = W^T: element ((co, k), ci) sits at w[ci * CoK + co * K + k].
+    detail::gemm_ex(pool, w, 1, CoK, CoK, x + t0, DType::F32, L, true, nt, Cin, nullptr, cols.data(), nt, DType::F32,
+                    false);
     pool.parallel_for(
         Cout,
         [&](int64_t c0, int64_t c1) {

@@ -68,7 +68,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline void tile_store_512(
 }
 
 template <int R>
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void tile_f32_avx512(const float* A, int64_t lda,
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void tile_f32_avx512(const float* A, int64_t a_rs, int64_t a_cs,
                                                                           const float* Bp, const TileArgs& t) {
   __m512 c0[R], c1[R];
   if (t.first) {
@@ -85,7 +85,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void tile_f32_avx512(const 
   for (int64_t k = 0; k < t.kc; ++k) {
     const __m512 b0 = _mm512_loadu_ps(Bp + k * kNR), b1 = _mm512_loadu_ps(Bp + k * kNR + 16);
     for (int r = 0; r < R; ++r) {
-      const __m512 a = _mm512_set1_ps(A[r * lda + k]);
+      const __m512 a = _mm512_set1_ps(A[r * a_rs + k * a_cs]);
       c0[r] = _mm512_fmadd_ps(a, b0, c0[r]);
       c1[r] = _mm512_fmadd_ps(a, b1, c1[r]);
     }
@@ -129,13 +129,13 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void tile_bf16_a
 // ---- portable fp32 tile: the same FMA chain as the AVX-512 one, so the same bits ----
 
 template <int R>
-void tile_f32_generic(const float* A, int64_t lda, const float* Bp, const TileArgs& t) {
+void tile_f32_generic(const float* A, int64_t a_rs, int64_t a_cs, const float* Bp, const TileArgs& t) {
   float c[R][kNR];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < kNR; ++j) c[r][j] = (t.first || j >= t.nr) ? 0.f : t.C[r * t.ldc + j];
   for (int64_t k = 0; k < t.kc; ++k)
     for (int r = 0; r < R; ++r) {
-      const float a = A[r * lda + k];
+      const float a = A[r * a_rs + k * a_cs];
       for (int j = 0; j < kNR; ++j) c[r][j] = std::fma(a, Bp[k * kNR + j], c[r][j]);
     }
   for (int r = 0; r < R; ++r)
@@ -149,7 +149,7 @@ void tile_f32_generic(const float* A, int64_t lda, const float* Bp, const TileAr
     }
 }
 
-using TileF32 = void (*)(const float*, int64_t, const float*, const TileArgs&);
+using TileF32 = void (*)(const float*, int64_t, int64_t, const float*, const TileArgs&);
 using TileBf16 = void (*)(const uint16_t*, int64_t, const uint16_t*, const TileArgs&);
 
 const TileF32* f32_tiles() {
@@ -169,11 +169,26 @@ const TileBf16* bf16_tiles() {
 
 // Packs columns [n0, n0+nc) x k's [k0, k0+kc) of B (rows = columns of the product) into 32-column
 // strips: Bp[(strip * kc + k) * 32 + j] = B[n0 + 32*strip + j, k0 + k], zero past N.
-void pack_f32(const void* B, DType bdt, int64_t ldb, int64_t N, int64_t n0, int64_t nc, int64_t k0, int64_t kc,
-              float* Bp) {
+void pack_f32(const void* B, DType bdt, int64_t ldb, bool kmajor, int64_t N, int64_t n0, int64_t nc, int64_t k0,
+              int64_t kc, float* Bp) {
   const int64_t strips = (nc + kNR - 1) / kNR;
   for (int64_t s = 0; s < strips; ++s) {
     float* dst = Bp + s * kc * kNR;
+    if (kmajor) {  // B[k, n] at B + k * ldb + n: 32-float runs copy straight
+      const int64_t nv = std::min<int64_t>(kNR, std::min(nc, N - n0) - s * kNR);
+      for (int64_t k = 0; k < kc; ++k) {
+        float* d = dst + k * kNR;
+        if (bdt == DType::BF16) {
+          const uint16_t* row = static_cast<const uint16_t*>(B) + (k0 + k) * ldb + n0 + s * kNR;
+          for (int64_t j = 0; j < nv; ++j) d[j] = bf16_bits_to_f32(row[j]);
+        } else {
+          std::memcpy(d, static_cast<const float*>(B) + (k0 + k) * ldb + n0 + s * kNR,
+                      static_cast<size_t>(std::max<int64_t>(nv, 0)) * sizeof(float));
+        }
+        for (int64_t j = std::max<int64_t>(nv, 0); j < kNR; ++j) d[j] = 0.f;
+      }
+      continue;
+    }
     for (int j = 0; j < kNR; ++j) {
       const int64_t n = n0 + s * kNR + j;
       if (n >= N || s * kNR + j >= nc) {
@@ -212,9 +227,15 @@ void pack_bf16(const uint16_t* B, int64_t ldb, int64_t N, int64_t K, int64_t n0,
 
 void gemm_nt(const ThreadPool& pool, const float* A, int64_t lda, int64_t M, const void* B, DType b_dtype, int64_t ldb,
              int64_t N, int64_t K, const float* bias, float* C, int64_t ldc, DType store, bool bf16_dot) {
+  gemm_ex(pool, A, lda, 1, M, B, b_dtype, ldb, false, N, K, bias, C, ldc, store, bf16_dot);
+}
+
+void gemm_ex(const ThreadPool& pool, const float* A, int64_t a_rs, int64_t a_cs, int64_t M, const void* B,
+             DType b_dtype, int64_t ldb, bool b_kmajor, int64_t N, int64_t K, const float* bias, float* C, int64_t ldc,
+             DType store, bool bf16_dot) {
   if (M <= 0 || N <= 0) return;
-  MM3_CHECK(K > 0, "gemm_nt: K={}", K);
-  const bool use_bf16 = bf16_dot && b_dtype == DType::BF16 && cpu_has_avx512bf16();
+  MM3_CHECK(K > 0, "gemm_ex: K={}", K);
+  const bool use_bf16 = bf16_dot && !b_kmajor && b_dtype == DType::BF16 && cpu_has_avx512bf16();
 
   // bf16 copy of A (exact for bf16-valued A), rows padded to an even length with zeros.
   const int64_t Kp = (K + 1) & ~int64_t(1);
@@ -224,7 +245,8 @@ void gemm_nt(const ThreadPool& pool, const float* A, int64_t lda, int64_t M, con
     pool.parallel_for(
         M,
         [&](int64_t m0, int64_t m1) {
-          for (int64_t m = m0; m < m1; ++m) f32_to_bf16(A + m * lda, A16.data() + m * Kp, static_cast<size_t>(K));
+          for (int64_t m = m0; m < m1; ++m)
+            for (int64_t k = 0; k < K; ++k) A16[size_t(m * Kp + k)] = f32_to_bf16_bits(A[m * a_rs + k * a_cs]);
         },
         std::max<int64_t>(1, 65536 / K));
   }
@@ -256,7 +278,7 @@ void gemm_nt(const ThreadPool& pool, const float* A, int64_t lda, int64_t M, con
           pack_bf16(static_cast<const uint16_t*>(B), ldb, N, K, n0, nc, k0, kc, bufH.data());
         } else {
           bufF.resize(static_cast<size_t>(strips * kc * kNR));
-          pack_f32(B, b_dtype, ldb, N, n0, nc, k0, kc, bufF.data());
+          pack_f32(B, b_dtype, ldb, b_kmajor, N, n0, nc, k0, kc, bufF.data());
         }
         for (int64_t m0 = ms; m0 < me; m0 += kMR) {
           const int r = static_cast<int>(std::min<int64_t>(kMR, me - m0));
@@ -273,7 +295,7 @@ void gemm_nt(const ThreadPool& pool, const float* A, int64_t lda, int64_t M, con
             if (use_bf16)
               tb[r - 1](A16.data() + m0 * Kp + k0, Kp, bufH.data() + s * ((kc + 1) / 2) * 2 * kNR, ta);
             else
-              tf[r - 1](A + m0 * lda + k0, lda, bufF.data() + s * kc * kNR, ta);
+              tf[r - 1](A + m0 * a_rs + k0 * a_cs, a_rs, a_cs, bufF.data() + s * kc * kNR, ta);
           }
         }
       }

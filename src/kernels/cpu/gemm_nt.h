@@ -23,4 +23,11 @@ namespace mm3::kern::detail {
 void gemm_nt(const ThreadPool& pool, const float* A, int64_t lda, int64_t M, const void* B, DType b_dtype, int64_t ldb,
              int64_t N, int64_t K, const float* bias, float* C, int64_t ldc, DType store, bool bf16_dot);
 
+// General form: A[m, k] at A + m * a_rs + k * a_cs (row-major A: a_rs = lda, a_cs = 1; Aᵀ stored
+// row-major: a_rs = 1, a_cs = lda). B[n, k] at B + n * ldb + k, or with b_kmajor at B + k * ldb + n
+// (a [K, N] matrix, e.g. an im2col buffer); bf16_dot applies only to the n-major form.
+void gemm_ex(const ThreadPool& pool, const float* A, int64_t a_rs, int64_t a_cs, int64_t M, const void* B,
+             DType b_dtype, int64_t ldb, bool b_kmajor, int64_t N, int64_t K, const float* bias, float* C, int64_t ldc,
+             DType store, bool bf16_dot);
+
 }  // namespace mm3::kern::detail
