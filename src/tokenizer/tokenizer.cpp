@@ -11,7 +11,6 @@
 #include <array>
 #include <chrono>
 #include <fstream>
-#include <sstream>
 #include <unordered_map>
 
 #include <nlohmann/json.hpp>
@@ -219,6 +218,186 @@ const json& field(const json& obj, const char* key) {
 
 bool is_null_or(const json& v, const json& allowed) { return v.is_null() || v == allowed; }
 
+// The two big members of model, read apart from the rest of the file so that loading need not build
+// a 150k-key JSON object (from_file streams them through a SAX reader straight into these vectors).
+struct VocabMerges {
+  bool has_vocab = false, has_merges = false;
+  std::vector<std::pair<std::string, int64_t>> vocab;
+  std::vector<std::pair<std::string, std::string>> merges;
+};
+
+bool valid_id(int64_t v) { return v >= 0 && v <= INT32_MAX; }
+
+// "a b" -> (a, b): exactly one space (a byte-level token never holds a literal space).
+std::pair<std::string, std::string> split_merge(const std::string& s, size_t r, const std::string& src) {
+  const size_t sp = s.find(' ');
+  if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
+    throw BadModel(fmt::format("{}: model.merges[{}] \"{}\" is not two tokens separated by one space", src, r, s));
+  return {s.substr(0, sp), s.substr(sp + 1)};
+}
+
+[[noreturn]] void bad_merge(size_t r, const std::string& src) {
+  throw BadModel(fmt::format("{}: model.merges[{}] is neither [\"a\", \"b\"] nor \"a b\"", src, r));
+}
+
+[[noreturn]] void bad_vocab(const std::string& key, const std::string& src) {
+  throw BadModel(fmt::format("{}: model.vocab[\"{}\"] is not a valid id", src, key));
+}
+
+VocabMerges vocab_merges_from_dom(const json& model, const std::string& src) {
+  VocabMerges vm;
+  const json& vocab = field(model, "vocab");
+  if (vocab.is_object()) {
+    vm.has_vocab = true;
+    for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+      if (!it.value().is_number_integer() || !valid_id(it.value().get<int64_t>())) bad_vocab(it.key(), src);
+      vm.vocab.emplace_back(it.key(), it.value().get<int64_t>());
+    }
+  }
+  const json& merges = field(model, "merges");
+  if (merges.is_array()) {
+    vm.has_merges = true;
+    for (size_t r = 0; r < merges.size(); ++r) {
+      const json& m = merges[r];
+      if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string())
+        vm.merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
+      else if (m.is_string())
+        vm.merges.push_back(split_merge(m.get<std::string>(), r, src));
+      else
+        bad_merge(r, src);
+    }
+  }
+  return vm;
+}
+
+// SAX reader: model.vocab and model.merges go into a VocabMerges; everything else becomes a DOM.
+class TokenizerSax final : public nlohmann::json_sax<json> {
+ public:
+  TokenizerSax(json& rest, VocabMerges& vm, const std::string& src) : rest_(rest), vm_(vm), src_(src) {}
+
+  bool null() override { return scalar(json()); }
+  bool boolean(bool v) override { return scalar(json(v)); }
+  bool number_integer(number_integer_t v) override {
+    if (mode_ == Mode::vocab) return vocab_value(v);
+    return scalar(json(v));
+  }
+  bool number_unsigned(number_unsigned_t v) override {
+    if (mode_ == Mode::vocab)
+      return vocab_value(v > static_cast<number_unsigned_t>(INT32_MAX) ? -1 : static_cast<int64_t>(v));
+    return scalar(json(v));
+  }
+  bool number_float(number_float_t v, const string_t&) override { return scalar(json(v)); }
+  bool string(string_t& v) override {
+    if (mode_ == Mode::merges) {
+      vm_.merges.push_back(split_merge(v, vm_.merges.size(), src_));
+      return true;
+    }
+    if (mode_ == Mode::merge_pair) {
+      if (pair_.size() == 2) bad_merge(vm_.merges.size(), src_);
+      pair_.push_back(std::move(v));
+      return true;
+    }
+    return scalar(json(std::move(v)));
+  }
+  bool binary(binary_t&) override { return scalar(json()); }
+  bool start_object(std::size_t) override {
+    not_in_lists();
+    if (in_model() && key_ == "vocab") {
+      mode_ = Mode::vocab;
+      vm_.has_vocab = true;
+      return true;
+    }
+    return open(json::object());
+  }
+  bool key(string_t& k) override {
+    key_ = std::move(k);
+    return true;
+  }
+  bool end_object() override {
+    if (mode_ == Mode::vocab) mode_ = Mode::dom;
+    else stack_.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t) override {
+    if (mode_ == Mode::merges) {
+      mode_ = Mode::merge_pair;
+      pair_.clear();
+      return true;
+    }
+    not_in_lists();
+    if (in_model() && key_ == "merges") {
+      mode_ = Mode::merges;
+      vm_.has_merges = true;
+      return true;
+    }
+    return open(json::array());
+  }
+  bool end_array() override {
+    if (mode_ == Mode::merge_pair) {
+      if (pair_.size() != 2) bad_merge(vm_.merges.size(), src_);
+      vm_.merges.emplace_back(std::move(pair_[0]), std::move(pair_[1]));
+      mode_ = Mode::merges;
+    } else if (mode_ == Mode::merges) {
+      mode_ = Mode::dom;
+    } else {
+      stack_.pop_back();
+    }
+    return true;
+  }
+  bool parse_error(std::size_t pos, const std::string&, const nlohmann::detail::exception& e) override {
+    throw BadModel(fmt::format("{}: not valid JSON at byte {} ({})", src_, pos, e.what()));
+  }
+
+ private:
+  enum class Mode { dom, vocab, merges, merge_pair };
+  // Directly inside the top-level "model" object.
+  bool in_model() const { return stack_.size() == 2 && model_open_; }
+  // A container or scalar where the vocab wants an id or the merges want a pair.
+  void not_in_lists() const {
+    if (mode_ == Mode::vocab) bad_vocab(key_, src_);
+    if (mode_ != Mode::dom) bad_merge(vm_.merges.size(), src_);
+  }
+  bool vocab_value(int64_t v) {
+    if (!valid_id(v)) bad_vocab(key_, src_);
+    vm_.vocab.emplace_back(std::move(key_), v);
+    return true;
+  }
+  json* place(json v) {
+    if (stack_.empty()) {
+      rest_ = std::move(v);
+      return &rest_;
+    }
+    json& parent = *stack_.back();
+    if (parent.is_object()) {
+      json& slot = parent[key_];
+      slot = std::move(v);
+      return &slot;
+    }
+    parent.push_back(std::move(v));
+    return &parent.back();
+  }
+  bool scalar(json v) {
+    not_in_lists();
+    place(std::move(v));
+    return true;
+  }
+  bool open(json v) {
+    const bool model = stack_.size() == 1 && key_ == "model" && v.is_object();
+    stack_.push_back(place(std::move(v)));
+    if (stack_.size() == 2) model_open_ = model;
+    return true;
+  }
+
+  json& rest_;
+  VocabMerges& vm_;
+  const std::string& src_;
+  std::vector<json*> stack_;  // the open DOM containers (stable: only the innermost one grows)
+  std::string key_;
+  std::vector<std::string> pair_;
+  Mode mode_ = Mode::dom;
+  bool model_open_ = false;
+};
+
 }  // namespace
 
 struct Tokenizer::Impl {
@@ -237,6 +416,7 @@ struct Tokenizer::Impl {
   bool nfc = false;
   bool ignore_merges = false;
 
+  static std::shared_ptr<const Impl> build(const json& j, VocabMerges vm, const std::string& src);
   void encode_normal(std::string_view piece, std::vector<int32_t>& ids, int64_t max) const;
   void pretokenize(std::string_view s, std::vector<int32_t>& ids, int64_t max) const;
   void bpe(std::string_view word, std::vector<int32_t>& ids) const;
@@ -246,25 +426,33 @@ struct Tokenizer::Impl {
 
 Tokenizer Tokenizer::from_file(const std::filesystem::path& path) {
   const std::string src = path.string();
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) throw BadModel(fmt::format("{}: cannot open the tokenizer file", src));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  json j;
+  std::string text(static_cast<size_t>(in.tellg()), '\0');
+  in.seekg(0);
+  if (!in.read(text.data(), static_cast<std::streamsize>(text.size())))
+    throw BadModel(fmt::format("{}: cannot read the tokenizer file", src));
+  json rest;
+  VocabMerges vm;
+  TokenizerSax sax(rest, vm, src);
   try {
-    j = json::parse(ss.str());
+    json::sax_parse(text, &sax);
   } catch (const json::exception& e) {
     throw BadModel(fmt::format("{}: not valid JSON ({})", src, e.what()));
   }
-  return from_json(j, src);
+  if (!rest.is_object()) throw BadModel(fmt::format("{}: the top level is not a JSON object", src));
+  return Tokenizer(Impl::build(rest, std::move(vm), src));
 }
 
 Tokenizer Tokenizer::from_json(const json& j, const std::string& src) {
+  if (!j.is_object()) throw BadModel(fmt::format("{}: the top level is not a JSON object", src));
+  return Tokenizer(Impl::build(j, vocab_merges_from_dom(field(j, "model"), src), src));
+}
+
+std::shared_ptr<const Tokenizer::Impl> Tokenizer::Impl::build(const json& j, VocabMerges vm, const std::string& src) {
   auto impl = std::make_shared<Impl>();
   Impl& t = *impl;
   t.source = src;
-  if (!j.is_object()) throw BadModel(fmt::format("{}: the top level is not a JSON object", src));
-
   // -- normalizer: NFC or none
   const json& norm = field(j, "normalizer");
   if (norm.is_null()) {
@@ -332,14 +520,9 @@ Tokenizer Tokenizer::from_json(const json& j, const std::string& src) {
     throw BadModel(fmt::format("{}: model.continuing_subword_prefix / end_of_word_suffix are not supported", src));
   t.ignore_merges = field(model, "ignore_merges") == json(true);
 
-  const json& vocab = field(model, "vocab");
-  if (!vocab.is_object() || vocab.empty()) throw BadModel(fmt::format("{}: model.vocab is missing or empty", src));
+  if (!vm.has_vocab || vm.vocab.empty()) throw BadModel(fmt::format("{}: model.vocab is missing or empty", src));
   int64_t max_id = -1;
-  for (auto it = vocab.begin(); it != vocab.end(); ++it)
-    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 || it.value().get<int64_t>() > INT32_MAX)
-      throw BadModel(fmt::format("{}: model.vocab[\"{}\"] is not a valid id", src, it.key()));
-    else
-      max_id = std::max(max_id, it.value().get<int64_t>());
+  for (const auto& [tok, id] : vm.vocab) max_id = std::max(max_id, id);
   const json& added = field(j, "added_tokens");
   if (!added.is_null() && !added.is_array()) throw BadModel(fmt::format("{}: added_tokens is not an array", src));
   for (const json& a : added.is_array() ? added : json::array()) {
@@ -351,17 +534,18 @@ Tokenizer Tokenizer::from_json(const json& j, const std::string& src) {
   const size_t n_ids = static_cast<size_t>(max_id + 1);
   t.bytes_of.resize(n_ids);
   t.kind_of.assign(n_ids, 0);
-  t.vocab_spelled.reserve(vocab.size() * 2);
+  t.vocab_spelled.reserve(vm.vocab.size() * 2);
   t.byte_id.fill(-1);
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    const auto id = it.value().get<int32_t>();
-    auto bytes = spelled_to_bytes(it.key());
+  for (auto& [spelled, id64] : vm.vocab) {
+    const auto id = static_cast<int32_t>(id64);
+    auto bytes = spelled_to_bytes(spelled);
     if (!bytes || bytes->empty())
       throw BadModel(fmt::format("{}: model.vocab token \"{}\" (id {}) is not in the byte-level alphabet", src,
-                                 it.key(), id));
+                                 spelled, id));
     if (t.kind_of[id]) throw BadModel(fmt::format("{}: model.vocab uses id {} twice", src, id));
+    if (!t.vocab_spelled.emplace(std::move(spelled), id).second)
+      throw BadModel(fmt::format("{}: model.vocab lists token id {} under a spelling used twice", src, id));
     t.kind_of[id] = 1;
-    t.vocab_spelled.emplace(it.key(), id);
     if (bytes->size() == 1) t.byte_id[static_cast<unsigned char>((*bytes)[0])] = id;
     if (t.ignore_merges) t.vocab_bytes.emplace(*bytes, id);
     t.bytes_of[id] = std::move(*bytes);
@@ -374,26 +558,12 @@ Tokenizer Tokenizer::from_json(const json& j, const std::string& src) {
   }
 
   // Merges: [["a","b"], ...] or the older ["a b", ...]; rank = position.
-  const json& merges = field(model, "merges");
-  if (!merges.is_array()) throw BadModel(fmt::format("{}: model.merges is missing or not an array", src));
-  t.merges.reserve(merges.size());
-  t.num_merges = merges.size();
-  for (size_t r = 0; r < merges.size(); ++r) {
-    const json& m = merges[r];
-    std::string a, b;
-    if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-      a = m[0].get<std::string>();
-      b = m[1].get<std::string>();
-    } else if (m.is_string()) {
-      const std::string s = m.get<std::string>();
-      const size_t sp = s.find(' ');
-      if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
-        throw BadModel(fmt::format("{}: model.merges[{}] \"{}\" is not two tokens separated by one space", src, r, s));
-      a = s.substr(0, sp);
-      b = s.substr(sp + 1);
-    } else {
-      throw BadModel(fmt::format("{}: model.merges[{}] is neither [\"a\", \"b\"] nor \"a b\"", src, r));
-    }
+  if (!vm.has_merges) throw BadModel(fmt::format("{}: model.merges is missing or not an array", src));
+  t.merges.reserve(vm.merges.size());
+  t.num_merges = vm.merges.size();
+  for (size_t r = 0; r < vm.merges.size(); ++r) {
+    const std::string& a = vm.merges[r].first;
+    const std::string& b = vm.merges[r].second;
     auto ia = t.vocab_spelled.find(a), ib = t.vocab_spelled.find(b), im = t.vocab_spelled.find(a + b);
     if (ia == t.vocab_spelled.end() || ib == t.vocab_spelled.end() || im == t.vocab_spelled.end())
       throw BadModel(fmt::format("{}: model.merges[{}] (\"{}\", \"{}\") uses a token missing from model.vocab", src, r,
@@ -421,7 +591,7 @@ Tokenizer Tokenizer::from_json(const json& j, const std::string& src) {
   }
   t.raw_matcher.build(t.added, false);
   t.norm_matcher.build(t.added, true);
-  return Tokenizer(std::move(impl));
+  return impl;
 }
 
 // ---- encoding ----
