@@ -51,10 +51,16 @@ class LinearWeight {
 // y[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]), for m < M. x rows stride ldx >= in, y rows stride
 // ldy >= out. Accumulates in fp32; the result is rounded once to `store`. Small M (decode, M <= 2..4)
 // dispatches to a GEMV that streams each weight row once for all M rows.
+// CPU backend specifics: M <= 4 takes the GEMV, M > 4 a blocked GEMM; the two sum in different
+// (fixed) orders, so a row's bits may differ between an M <= 4 and an M > 4 call. Within a path the
+// result is bitwise deterministic and independent of the pool's thread count. With BF16 weights and
+// store == BF16 (a bf16 computation) x is read as bf16 (it is bf16-valued by the convention above)
+// and multiplied with AVX512-BF16 dot products where the CPU has them. y must not overlap x.
 void linear(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const LinearWeight& w, float* y,
             int64_t ldy, DType store);
 
-// Plain fp32 GEMM (OpenBLAS): C[M,N] = alpha * op(A) * op(B) + beta * C, row-major.
+// Plain fp32 GEMM (OpenBLAS): C[M,N] = alpha * op(A) * op(B) + beta * C, row-major. Note: OpenBLAS's
+// bits may change with the thread count; `linear` and the convolutions do not use it for that reason.
 void gemm_f32(const ThreadPool& pool, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
               const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
@@ -96,6 +102,8 @@ void rope_apply(float* x, int64_t S, int H, int head_dim, int64_t ld, const floa
 // token stride ldkv, element type kv_dtype (F32 floats or BF16 bits). out: [Sq, Hq, D], stride ldo.
 // Query head h reads KV head h / (Hq / Hkv). causal: query i sits at absolute position q_pos0 + i and
 // sees keys [0, q_pos0 + i]; otherwise every key. Scores and softmax in fp32; output rounded to store.
+// (torch's CPU flash kernel additionally rounds the unnormalised probabilities to bf16 before P·V in a
+// bf16 run; this kernel keeps them fp32, which is closer to the exact result than either torch kernel.)
 void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* k, const void* v, int64_t ldkv,
                DType kv_dtype, float* out, int64_t ldo, int64_t Sq, int64_t Skv, int Hq, int Hkv, int D, float scale,
                bool causal, int64_t q_pos0, DType store);
