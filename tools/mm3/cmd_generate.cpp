@@ -114,6 +114,11 @@ int run_generate(const GenArgs& a) {
   wopt.format = fmt;
   AudioWriteResult w = write_audio(a.out, res.audio, res.sample_rate, wopt);
   if (!a.save_codes.empty()) write_npy(a.save_codes, res.codes);
+  if (w.stats.nonfinite > 0)
+    std::fprintf(stderr,
+                 "mm3: warning: %lld non-finite samples were written as 0 — the model produced NaN/inf (a checkpoint "
+                 "tensor holding NaN, e.g. the v1 golden vocoder's conv_out.weight_g, does this)\n",
+                 static_cast<long long>(w.stats.nonfinite));
   std::fprintf(stderr,
                "mm3: wrote %s (%s, %d Hz, %lld samples/channel = %.2f s) from %lld frames%s; peak %.1f dBFS, %lld clipped; "
                "AR %.1f s, acoustic %.1f s\n",

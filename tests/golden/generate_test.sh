@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# generate_test.sh MM3 GOLDEN_DIR — `mm3 generate` end to end on the golden checkpoint: a 44.1 kHz stereo
+# WAV whose length is MODEL.md §5.2's prediction for the frames generated; replay with --codes is bitwise
+# identical; a request file gives the same result as flags; bad input exits 2, a bad model exits 3.
+set -u
+mm3="$1"; golden="$2"; ck="$golden/checkpoint"
+if [ ! -d "$ck" ]; then echo "SKIP: golden checkpoint not found at $ck"; exit 77; fi
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+fail=0
+args=(--model "$ck" --caption "Genre: acoustic pop. BPM: 96." --lyrics $'[verse]\nMorning light\n[chorus]\nSoftly' --seed 0 --steps 2 --progress none)
+
+"$mm3" generate "${args[@]}" --duration 4 -o "$tmp/a.wav" --save-codes "$tmp/a.npy" 2> "$tmp/a.log" \
+  || { echo "FAIL: generate exited $?"; cat "$tmp/a.log"; exit 1; }
+frames=$(sed -n 's/.* from \([0-9]*\) frames.*/\1/p' "$tmp/a.log")
+[ -n "$frames" ] || { echo "FAIL: no frame count in: $(cat "$tmp/a.log")"; exit 1; }
+# §5.2: S = 512·floor(T·441/128) for T <= 200; else windows of 200 with hop 100 and crops 258/86.
+lat() { echo $(( $1 * 441 / 128 )); }
+if [ "$frames" -le 200 ]; then want=$(( 512 * $(lat "$frames") )); else
+  n=0; for ((s=0; s < frames - 100; s+=100)); do n=$((n+1)); last=$s; done
+  tl=$(( frames - last )); want=$(( 512 * ( (689 - 258) + (n - 2) * (689 - 344) + ($(lat $tl) - 86) ) )); fi
+read -r rate chans samples < <(python3 - "$tmp/a.wav" <<'PY'
+import sys, wave
+w = wave.open(sys.argv[1]); print(w.getframerate(), w.getnchannels(), w.getnframes())
+PY
+)
+echo "frames=$frames rate=$rate channels=$chans samples=$samples predicted=$want"
+[ "$rate" = 44100 ] || { echo "FAIL: rate $rate"; fail=1; }
+[ "$chans" = 2 ] || { echo "FAIL: channels $chans"; fail=1; }
+[ "$samples" = "$want" ] || { echo "FAIL: $samples samples, MODEL.md §5.2 predicts $want"; fail=1; }
+[ "$frames" -ge 1 ] && [ "$frames" -le 100 ] || { echo "FAIL: frames $frames outside 1..100"; fail=1; }
+
+"$mm3" generate "${args[@]}" --duration 4 --codes "$tmp/a.npy" -o "$tmp/b.wav" 2> "$tmp/b.log" \
+  || { echo "FAIL: replay exited $?"; cat "$tmp/b.log"; fail=1; }
+cmp -s "$tmp/a.wav" "$tmp/b.wav" && echo "ok: replay with --codes is bitwise identical" \
+  || { echo "FAIL: replay differs"; fail=1; }
+
+cat > "$tmp/req.json" <<'JSON'
+{"caption": "Genre: acoustic pop. BPM: 96.", "lyrics": "[verse]\nMorning light\n[chorus]\nSoftly", "duration": 4,
+ "seed": 0, "steps": 2, "format": "wav"}
+JSON
+"$mm3" generate --model "$ck" --request "$tmp/req.json" --progress none -o "$tmp/c.wav" 2>/dev/null \
+  && cmp -s "$tmp/a.wav" "$tmp/c.wav" && echo "ok: --request file equals flags" || { echo "FAIL: request file run differs"; fail=1; }
+
+expect_rc() {  # want, label, args...
+  local want=$1 label=$2; shift 2
+  "$mm3" generate "$@" -o "$tmp/bad.wav" > "$tmp/bad.log" 2>&1; local rc=$?
+  if [ $rc -ne "$want" ]; then echo "FAIL: $label: exit $rc, want $want: $(cat "$tmp/bad.log")"; fail=1;
+  else echo "ok: $label -> $rc: $(head -c 160 "$tmp/bad.log")"; fi
+  [ -e "$tmp/bad.wav" ] && { echo "FAIL: $label left an output file"; fail=1; rm -f "$tmp/bad.wav"; }
+}
+expect_rc 2 "empty lyrics" --model "$ck" --caption pop --lyrics " " --progress none
+expect_rc 2 "duration 0" "${args[@]}" --duration 0
+expect_rc 2 "duration 10000" "${args[@]}" --duration 10000
+expect_rc 2 "unknown request key" --model "$ck" --request <(echo '{"caption":"c","lyrics":"l","tempo":1}') --progress none
+expect_rc 2 "bad format" "${args[@]}" --duration 1 --format ogg
+expect_rc 3 "missing model" --model "$tmp/nope" --caption pop --lyrics la --progress none
+mkdir -p "$tmp/broken"; cp -r "$ck"/. "$tmp/broken"; chmod -R u+w "$tmp/broken"
+truncate -s 100 "$tmp/broken/transformer/diffusion_pytorch_model.safetensors"
+expect_rc 3 "corrupt model" --model "$tmp/broken" --caption pop --lyrics la --duration 1 --steps 1 --progress none
+exit $fail
