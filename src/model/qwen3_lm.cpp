@@ -1,5 +1,8 @@
 // qwen3_lm.cpp — Qwen3Lm (qwen3_lm.h; MODEL.md §1.2, §2.4, §2.9). Kernels: kern::embedding, rms_norm,
 // linear, rope_apply, attention, silu_mul, add.
+// Exact torch op order: no fused multiply-add contraction (GCC contracts by default).
+#pragma GCC optimize("fp-contract=off")
+
 #include "model/qwen3_lm.h"
 
 #include <algorithm>

@@ -1,5 +1,8 @@
 // rvq_depth.cpp — RvqDepth and frame_feedback_embedding (rvq_depth.h; MODEL.md §1.3, §2.7, §2.8).
 // Kernels: kern::linear, rms_norm, attention, silu_mul, add, embedding.
+// Exact torch op order: no fused multiply-add contraction (GCC contracts by default).
+#pragma GCC optimize("fp-contract=off")
+
 #include "model/rvq_depth.h"
 
 #include <cmath>

@@ -1,4 +1,7 @@
 // ar_stage.cpp — run_ar and frame_budget (ar_stage.h; MODEL.md §2.3–2.8).
+// Exact torch op order: no fused multiply-add contraction (GCC contracts by default).
+#pragma GCC optimize("fp-contract=off")
+
 #include "pipeline/ar_stage.h"
 
 #include <algorithm>

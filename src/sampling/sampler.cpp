@@ -1,4 +1,7 @@
 // sampler.cpp — seeded top-k Gumbel sampler and CFG combine (MODEL.md §2.4–2.6).
+// Exact torch op order: no fused multiply-add contraction (GCC contracts by default).
+#pragma GCC optimize("fp-contract=off")
+
 #include "sampling/sampler.h"
 
 #include <algorithm>

@@ -226,6 +226,16 @@ void e2e_ar_part(const CaseInput& in, CaseOutputs& out) {
     out.extra.push_back(check_bf16_bounds("frame_hiddens", "bf16_forced", ours, ref,
                                           in.ctx.find_check("language_model", "bf16", "prefill_hidden"),
                                           "language_model bf16 prefill_hidden"));
+    // Reported per condition layer (0 = LM hidden, 1..7 = depth-decoder outputs), to locate a divergence.
+    if (ref.shape() == ours.shape()) {
+      std::string seg = "frame_hiddens by layer (bit_identical / mean_abs):";
+      const Tensor r2 = ref.view({fr.frames, nb, H}), o2 = ours.view({fr.frames, nb, H});
+      for (int l = 0; l < nb; ++l) {
+        const DiffStats d = diff_stats(o2.slice(1, l, l + 1).contiguous(), r2.slice(1, l, l + 1).contiguous());
+        seg += fmt::format(" {}:{:.4f}/{:.3g}", l, d.bit_identical, d.mean_abs);
+      }
+      out.notes.push_back(seg);
+    }
   }
   const json gbounds = in.ctx.find_check("rvq_depth_decoder", "bf16", "guided_logits");
   const Tensor gc0 = in.file.get("c0_guided"), gdep = in.file.get("depth_guided");
