@@ -210,6 +210,15 @@ TEST(JobStore, SaveLoadAndInterruptedJobsBecomeFailed) {
   EXPECT_EQ(third.load_all().jobs[1].state, JobState::failed);
 }
 
+TEST(JobStore, OneServerPerResultsFolder) {
+  const fs::path dir = fresh_dir("lock");
+  JobStore a(dir.string()), b(dir.string());
+  a.lock_exclusive();
+  EXPECT_THROW(b.lock_exclusive(), InvalidInput);
+  JobManager m(b, [] { return std::unique_ptr<Generator>(new FakeGenerator(0)); });
+  EXPECT_THROW(m.start(), InvalidInput);
+}
+
 // ---------------------------------------------------------------------------------------------------
 // job_queue.h with the test double
 

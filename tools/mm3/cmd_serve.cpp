@@ -85,6 +85,7 @@ int run_serve(const ServeArgs& a) {
   }
 
   JobStore store(a.results);
+  store.lock_exclusive();  // before binding: a second server on one folder fails fast (exit 2)
   JobManager jobs(store, factory, ManagerOptions{a.max_queue});
   HttpServer http(jobs, sopt);
   const int port = http.bind();

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <thread>
 
 #include <httplib.h>
 
@@ -185,6 +186,7 @@ struct HttpServer::Impl {
   ServerOptions opt;
   BacklogServer svr;
   std::atomic<bool> stopping{false};
+  std::atomic<int> run_state{0};  // 0 run() not entered, 1 serving, 2 returned
   bool loopback = false;
 
   Impl(JobManager& j, ServerOptions o) : jobs(j), opt(std::move(o)) {}
@@ -244,7 +246,12 @@ struct HttpServer::Impl {
         MM3_LOG_INFO("serve: client of {} {} left; job {} cancelled", req.method, req.path, id);
         return std::nullopt;
       }
-      if (shutting_down() && !jobs.stopping()) continue;
+      if (stopping) {
+        // The HTTP side is going away: nobody would receive the result.
+        jobs.cancel(id);
+        send_error(req, res, 503, "stopping", "the server is shutting down");
+        return std::nullopt;
+      }
     }
   }
 
@@ -603,11 +610,22 @@ int HttpServer::bind() {
   return s.opt.port;
 }
 
-void HttpServer::run() { impl_->svr.listen_after_bind(); }
+void HttpServer::run() {
+  Impl& s = *impl_;
+  s.run_state = 1;
+  if (!s.stopping) s.svr.listen_after_bind();
+  s.run_state = 2;
+}
 
 void HttpServer::stop() {
-  impl_->stopping = true;
-  impl_->svr.stop();
+  Impl& s = *impl_;
+  s.stopping = true;
+  // httplib's stop() does nothing until listen_after_bind() has marked the server running; a stop that
+  // races a run() just entering would leave run() serving forever, so wait (bounded) for one or the other.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (s.run_state == 1 && !s.svr.is_running() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  s.svr.stop();
 }
 
 }  // namespace mm3::server

@@ -33,6 +33,7 @@ JobManager::JobManager(JobStore& store, GeneratorFactory factory, ManagerOptions
 JobManager::~JobManager() { stop(); }
 
 std::vector<std::string> JobManager::start() {
+  store_.lock_exclusive();
   JobStore::Loaded loaded = store_.load_all();
   {
     std::lock_guard<std::mutex> lk(mu_);

@@ -67,7 +67,8 @@ class JobManager {
   JobManager(const JobManager&) = delete;
   JobManager& operator=(const JobManager&) = delete;
 
-  // Loads the jobs on disk (interrupted ones become failed) and starts the worker, which first builds
+  // Locks the results folder (JobStore::lock_exclusive), loads the jobs on disk (interrupted ones
+  // become failed) and starts the worker, which first builds
   // the generator (model status "loading" until then). Returns the store's warnings.
   std::vector<std::string> start();
   // Stops the worker: the running job is interrupted at its next cancellation point, queued jobs are

@@ -2,6 +2,7 @@
 #include "server/job_store.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -93,6 +94,23 @@ JobStore::JobStore(const std::string& results_dir) {
   root_ = fs::absolute(results_dir) / "jobs";
   if (::access(root_.c_str(), W_OK) != 0)
     throw InvalidInput(fmt::format("--results {}: the folder is not writable", results_dir));
+}
+
+JobStore::~JobStore() {
+  if (lock_fd_ >= 0) ::close(lock_fd_);
+}
+
+void JobStore::lock_exclusive() {
+  if (lock_fd_ >= 0) return;
+  const fs::path p = root_.parent_path() / "server.lock";
+  const int fd = ::open(p.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw InvalidInput(fmt::format("cannot open {}: {}", p.string(), std::strerror(errno)));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    ::close(fd);
+    throw InvalidInput(fmt::format("another mm3 serve is using the results folder {} (it holds {})",
+                                   root_.parent_path().string(), p.string()));
+  }
+  lock_fd_ = fd;
 }
 
 fs::path JobStore::job_dir(const std::string& id) const {

@@ -36,6 +36,14 @@ class JobStore {
  public:
   // Creates RESULTS/jobs when missing. Throws InvalidInput when RESULTS is not a writable folder.
   explicit JobStore(const std::string& results_dir);
+  ~JobStore();
+  JobStore(const JobStore&) = delete;
+  JobStore& operator=(const JobStore&) = delete;
+
+  // Takes RESULTS/server.lock (flock, released by the kernel even on kill -9), so a second server on
+  // the same folder is refused instead of marking the first one's running job interrupted. Throws
+  // InvalidInput when another process holds it.
+  void lock_exclusive();
 
   const std::filesystem::path& root() const { return root_; }
   // RESULTS/jobs/<id>; throws InvalidInput for an invalid id (defence in depth: routes check first).
@@ -65,6 +73,7 @@ class JobStore {
 
  private:
   std::filesystem::path root_;
+  int lock_fd_ = -1;
   std::mutex convert_mu_;  // one conversion at a time (write_audio's temp name is per target path)
 };
 
