@@ -4,7 +4,8 @@
 The server must deliver exactly what the engine makes: a job's audio and codes are compared byte for
 byte with `mm3 generate` on the same request (same process code path, same writer), the event stream
 must show the real stages and end in "done", the codes must replay (`mm3 generate --codes`) to the same
-audio, and the OpenAI-style route must return the 32 kHz rendering of the same frame budget.
+audio, DELETE must stop a running job inside the real AR loop, and the OpenAI-style route must return
+the 32 kHz rendering of the same frame budget.
 
 Exit 77 (ctest SKIP) when the golden set is absent, or — loudly — while Pipeline::generate reports
 not_implemented: this gate is NOT passed until it runs for real.
@@ -158,6 +159,33 @@ def main():
         if open(replay_wav, "rb").read() != audio:
             fail("replaying the served codes does not give the served audio")
 
+        # Cancellation reaches the real AR loop: a long job stops within seconds of DELETE.
+        long_job = dict(job, duration=60)
+        st, body, _ = request(port, "POST", "/v1/jobs", long_job)
+        long_id = json.loads(body)["id"]
+        deadline = time.time() + 120
+        while True:
+            lj = json.loads(request(port, "GET", "/v1/jobs/" + long_id)[1])
+            if lj["state"] == "running" and lj["stage"] == "ar" and lj["stage_progress"]["done"] >= 2:
+                break
+            if lj["state"] not in ("queued", "running") or time.time() > deadline:
+                fail("long job never reached the AR loop: %s" % lj)
+            time.sleep(0.05)
+        st, body, _ = request(port, "DELETE", "/v1/jobs/" + long_id)
+        if st != 202:
+            fail("DELETE of the running job: %s %s" % (st, body[:200]))
+        t_cancel = time.time()
+        while True:
+            lj = json.loads(request(port, "GET", "/v1/jobs/" + long_id)[1])
+            if lj["state"] not in ("queued", "running"):
+                break
+            if time.time() - t_cancel > 20:
+                fail("the real pipeline did not stop within 20 s of DELETE")
+            time.sleep(0.05)
+        if lj["state"] != "cancelled" or lj["stage_progress"]["done"] >= lj["stage_progress"]["total"]:
+            fail("cancelled job: state %s at %s" % (lj["state"], lj["stage_progress"]))
+        cancel_s = time.time() - t_cancel
+
         # OpenAI-style route, synchronous, 32 kHz.
         st, sp, hdr = request(port, "POST", "/v1/audio/speech",
                               {"input": meta["lyrics"], "instructions": meta["caption"], "seed": meta["seed"],
@@ -172,7 +200,7 @@ def main():
         if sp_rec["result"]["frames"] != rec["result"]["frames"]:
             fail("speech route made %s frames, the job %s" % (sp_rec["result"]["frames"], rec["result"]["frames"]))
         st, metrics, _ = request(port, "GET", "/metrics")
-        if b'mm3_jobs{state="done"} 2' not in metrics:
+        if b'mm3_jobs{state="done"} 2' not in metrics or b'mm3_jobs{state="cancelled"} 1' not in metrics:
             fail("metrics: %s" % metrics.decode()[:800])
         # The byte comparisons above are only as strong as the audio is non-trivial: say so when it is silent
         # (v1's golden vocoder holds NaN weights, so its audio is all zeros; the codes comparison still bites).
@@ -181,8 +209,8 @@ def main():
         peak = max((abs(x) for x in samples), default=0)
         note = "" if peak else " (NOTE: the audio is silent, so only its length and header were really compared)"
         print("PASS: real pipeline round trip (job %.1f s, %d frames): events, audio and codes identical to "
-              "mm3 generate, replay identical, speech route 32 kHz; audio peak %d/32767%s"
-              % (seconds, rec["result"]["frames"], peak, note), flush=True)
+              "mm3 generate, replay identical, cancel stopped the AR loop in %.1f s, speech route 32 kHz; "
+              "audio peak %d/32767%s" % (seconds, rec["result"]["frames"], cancel_s, peak, note), flush=True)
     finally:
         if p.poll() is None:
             p.terminate()
