@@ -1,0 +1,136 @@
+// stage_acoustic.cpp — `mm3 bench` stages that time the acoustic models over one window (MODEL.md §4.1,
+// §5.1) at the window shapes the golden cases use: L = 689 latents (690 DiT tokens with the time token).
+//   dit_forward_L689        DiT::forward, batch 1 (one CFG branch, the conditional one), F32 compute;
+//   dit_forward_L689_bf16   the same with BF16 compute (bf16 weight copies built in setup, untimed);
+//   dit_forward_L689_b2     batch 2, [condition | all-zero condition], as run_acoustic's Euler step runs it;
+//   vocoder_L689            Vocoder::decode of one 689-latent window (≈ 8 s of stereo 44.1 kHz audio), F32.
+// Inputs are deterministic random values (model/synth_checkpoint.h generator).
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench_stages.h"
+#include "core/errors.h"
+#include "model/dit.h"
+#include "model/synth_checkpoint.h"
+#include "model/vocoder.h"
+
+namespace mm3::bench {
+namespace {
+
+constexpr int64_t kL = 689;
+
+std::vector<float> random_vec(const ThreadPool& pool, int64_t n, float std, uint64_t key) {
+  std::vector<float> v(static_cast<size_t>(n));
+  synth::fill(pool, synth::Init::normal(0.f, std), key, 0, n, DType::F32, v.data());
+  return v;
+}
+
+struct DitBench {
+  std::unique_ptr<DiT> dit;
+  std::vector<float> x, cond;         // [C, L], [L, Dc]
+  std::vector<std::vector<float>> out;
+  std::vector<DitItem> items;
+  std::vector<float*> outp;
+  DitWorkspace ws;
+  DType compute = DType::F32;
+  void run(const ThreadPool& pool) { dit->forward(pool, items, kL, outp, compute, ws); }
+};
+
+StageRun dit_stage(const BenchContext& ctx, int batch, DType compute) {
+  const ThreadPool& pool = ctx.pool();
+  const Checkpoint& ck = ctx.checkpoint();
+  const TensorStore& st = ck.store("transformer");
+  const DitConfig& c = ck.configs().dit;
+  auto b = std::make_shared<DitBench>();
+  b->dit = std::make_unique<DiT>(st, c);
+  b->compute = compute;
+  b->x = random_vec(pool, int64_t(c.in_channels) * kL, 1.f, 11);
+  b->cond = random_vec(pool, kL * int64_t(c.condition_dim), 1.f, 12);
+  b->out.assign(size_t(batch), std::vector<float>(size_t(c.in_channels) * kL));
+  for (int i = 0; i < batch; ++i) {
+    // Item 0: the conditional branch; item 1: the all-zero condition (CFG unconditional), t = 0.5.
+    b->items.push_back(DitItem{b->x.data(), 0.5f, i == 0 ? b->cond.data() : nullptr});
+    b->outp.push_back(b->out[size_t(i)].data());
+  }
+  if (compute == DType::BF16) b->run(pool);  // builds the bf16 weight copies once (setup, not timed)
+  const double S = double(kL + 1);
+  const double D = c.inner_dim();
+  const double params = static_cast<double>(st.total_params());
+  StageRun r;
+  r.run = [b, &pool] { b->run(pool); };
+  // weights read once per forward (4 bytes F32, 2 bytes for the bf16 copies).
+  r.bytes = params * (compute == DType::BF16 ? 2.0 : 4.0);
+  // 2 · params · tokens (every weight is a matmul/conv weight applied to each token, apart from the
+  // tiny time-embedding MLP) + attention QK^T and PV: 4 · S² · D per layer (bidirectional).
+  r.flops = batch * (2.0 * params * S + 4.0 * S * S * D * c.num_layers);
+  r.info = {{"L", kL},
+            {"tokens", kL + 1},
+            {"batch", batch},
+            {"compute", dtype_name(compute)},
+            {"params", params},
+            {"bytes_counts", "weights once"},
+            {"flops_counts", "2*params*tokens + 4*S^2*D*layers, per batch item"}};
+  return r;
+}
+
+RegisterStage reg_dit_f32{{
+    .name = "dit_forward_L689",
+    .description = "DiT::forward over one 689-latent window (690 tokens), batch 1 (one CFG branch), F32; "
+                   "bytes = F32 weights once; flops = 2*params*tokens + attention",
+    .needs_model = true,
+    .setup = [](const BenchContext& ctx) { return dit_stage(ctx, 1, DType::F32); },
+}};
+
+RegisterStage reg_dit_bf16{{
+    .name = "dit_forward_L689_bf16",
+    .description = "DiT::forward over one 689-latent window, batch 1, BF16 compute (bf16 weight copies built in "
+                   "setup); bytes = BF16 weights once; flops = 2*params*tokens + attention",
+    .needs_model = true,
+    .setup = [](const BenchContext& ctx) { return dit_stage(ctx, 1, DType::BF16); },
+}};
+
+RegisterStage reg_dit_b2{{
+    .name = "dit_forward_L689_b2",
+    .description = "DiT::forward over one 689-latent window, batch 2 [condition | zero condition] as the Euler "
+                   "step runs it, F32; bytes = F32 weights once; flops = both items",
+    .needs_model = true,
+    .setup = [](const BenchContext& ctx) { return dit_stage(ctx, 2, DType::F32); },
+}};
+
+RegisterStage reg_vocoder{{
+    .name = "vocoder_L689",
+    .description = "Vocoder::decode of one 689-latent window (hop 512: 352768 stereo samples, 8.0 s at 44.1 kHz), "
+                   "F32; no bytes/flops (conv shapes vary per layer)",
+    .needs_model = true,
+    .setup =
+        [](const BenchContext& ctx) {
+          const ThreadPool& pool = ctx.pool();
+          const Checkpoint& ck = ctx.checkpoint();
+          struct VocBench {
+            std::unique_ptr<Vocoder> voc;
+            std::vector<float> lat, wave;
+          };
+          auto b = std::make_shared<VocBench>();
+          b->voc = std::make_unique<Vocoder>(ck.store("vocoder"), ck.configs().vocoder);
+          const int64_t C = ck.configs().vocoder.latent_channels;
+          const int64_t hop = b->voc->hop();
+          b->lat = random_vec(pool, C * kL, 1.f, 13);
+          b->wave.resize(size_t(2 * hop * kL));
+          const double sr = ck.configs().vocoder.sampling_rate;
+          const double audio_s = double(hop * kL) / sr;
+          StageRun r;
+          r.run = [b, &pool, hop] { b->voc->decode(pool, b->lat.data(), kL, b->wave.data(), hop * kL, DType::F32); };
+          r.info = {{"L", kL},
+                    {"samples_per_channel", hop * kL},
+                    {"sample_rate", sr},
+                    {"audio_seconds", audio_s},
+                    {"audio_s_per_s", "audio_seconds / median_s (info is fixed at setup)"},
+                    {"nonfinite_weight_tensors", b->voc->nonfinite_tensors().size()}};
+          return r;
+        },
+}};
+
+}  // namespace
+}  // namespace mm3::bench
