@@ -127,24 +127,40 @@ TEST(KernelsLinear, Bf16TieRoundingMatchesTorch) {
 // Same call twice is bitwise equal, and so is the result with 1 and 2 threads, on both paths.
 // N = 250: the 2-thread row chunks (125 each) do not split into the GEMV's 4-row groups the way
 // one chunk does, so a row computed alone must give the same bits as inside a group.
+// The data make summation order visible even through a bf16 store: magnitudes spread over
+// 2^-12..2^12, and for x row 0 the last three weights of every row cancel the exact sum down to
+// ~2^-24 of its terms, so the output is dominated by fp32 rounding of the partial sums (with plain
+// [-1, 1] data most sums are exact, and any order would give the same bits).
 TEST(KernelsLinear, DeterministicAndThreadCountIndependent) {
   ThreadPool p1(1), p2(2);
   Rng rng(77);
-  for (DType wdt : {DType::F32, DType::BF16}) {
-    const kern::LinearWeight w = make_weight(rng, 250, 517, wdt, true, wdt);
+  const int64_t N = 250, K = 517;
+  for (DType wdt : {DType::F32, DType::BF16})
     for (DType store : {DType::F32, DType::BF16})
       for (int64_t M : {1, 3, 4, 6, 40}) {
         SCOPED_TRACE(::testing::Message() << "w=" << dtype_name(wdt) << " store=" << test::store_name(store)
                                           << " M=" << M);
-        std::vector<float> x = rng.vec(static_cast<size_t>(M * 517), -1.f, 1.f, store == DType::BF16);
-        std::vector<float> a(static_cast<size_t>(M * 250)), b(a.size()), c(a.size());
-        kern::linear(p2, x.data(), M, 517, w, a.data(), 250, store);
-        kern::linear(p2, x.data(), M, 517, w, b.data(), 250, store);
-        kern::linear(p1, x.data(), M, 517, w, c.data(), 250, store);
+        std::vector<float> x = rng.vec(static_cast<size_t>(M * K), -1.f, 1.f, true);
+        for (auto& v : x) v = std::ldexp(v, static_cast<int>(rng.int_in(-12, 12)));
+        std::vector<float> wv = rng.vec(static_cast<size_t>(N * K), -1.f, 1.f, true);
+        for (int64_t n = 0; n < N; ++n) {
+          double part = 0;
+          for (int64_t k = 0; k < K - 3; ++k) part += double(x[k]) * wv[n * K + k];
+          for (int64_t k = K - 3; k < K; ++k) {
+            wv[n * K + k] = round_bf16(static_cast<float>(-part / x[k]));
+            part += double(x[k]) * wv[n * K + k];
+          }
+        }
+        Tensor wt = Tensor::from_f32(wv, {N, K});
+        if (wdt == DType::BF16) wt = wt.to(DType::BF16);
+        const kern::LinearWeight w(wt);
+        std::vector<float> a(static_cast<size_t>(M * N)), b(a.size()), c(a.size());
+        kern::linear(p2, x.data(), M, K, w, a.data(), N, store);
+        kern::linear(p2, x.data(), M, K, w, b.data(), N, store);
+        kern::linear(p1, x.data(), M, K, w, c.data(), N, store);
         EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "two identical calls differ";
         EXPECT_EQ(std::memcmp(a.data(), c.data(), a.size() * 4), 0) << "1 and 2 threads differ";
       }
-  }
 }
 
 TEST(KernelsLinear, RejectsBadLeadingDims) {
