@@ -355,13 +355,21 @@ Prompt build_prompt(const Tokenizer& tok, std::string_view caption, std::string_
   p.normalized_lyrics = normalize_lyrics(lyrics);
   p.text = "<|im_start|><|caption_start|>" + p.clean_caption + "<|caption_end|><|lyrics_start|>" +
            p.normalized_lyrics + "<|lyrics_end|><|im_end|><|audio_start|>";
+  int64_t chars = 0;  // Python len(): code points
+  for (char c : p.text) chars += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  // Far past the text cap, refuse without tokenizing: one huge pre-token (a megabyte of spaces is a
+  // single BPE word) would otherwise cost time proportional to the input.
+  if (chars > max_chars && chars / 10 > max_chars)
+    throw PromptRefused(PromptRefusal::too_long,
+                        fmt::format("prompt text has {} characters > {} (not tokenized); caption {} bytes, lyrics {} "
+                                    "bytes: shorten the lyrics or the caption",
+                                    chars, max_chars, caption.size(), lyrics.size()),
+                        -1, chars);
   // Count exactly up to 10x the limit (a few ms), so the usual over-long prompt gets its exact
   // count; beyond that stop, so a huge lyric costs time bounded by the limit, not by its size.
   const int64_t count_to = max_tokens * 10;
   p.cond_ids = tok.encode(p.text, EncodeOptions{count_to, "prompt"});
   const int64_t n = static_cast<int64_t>(p.cond_ids.size());
-  int64_t chars = 0;  // Python len(): code points
-  for (char c : p.text) chars += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
   if (n > max_tokens || chars > max_chars) {
     const bool counted = n <= count_to;
     const std::string count = counted ? std::to_string(n) : fmt::format("more than {}", count_to);

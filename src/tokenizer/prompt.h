@@ -87,7 +87,8 @@ struct Prompt {
 // order, before cleaning), and (too_long) for a prompt of more than max_tokens tokens (MODEL.md §2.1)
 // or whose text has more than max_chars code points (the golden's refusal of a 2470-token, ~7400
 // code-point prompt; no accepted golden prompt is near either limit). Tokens are counted exactly up
-// to 10 x max_tokens and counting stops there, so a huge lyric costs time bounded by the limit.
+// to 10 x max_tokens and counting stops there; a text over 10 x max_chars is refused untokenized.
+// So a huge lyric costs time bounded by the limits (plus the linear cleaning), not by its size.
 // InvalidInput for invalid UTF-8, naming the input and the byte offset.
 Prompt build_prompt(const Tokenizer& tok, std::string_view caption, std::string_view lyrics,
                     int64_t max_tokens = music3::kMaxPromptTokens, int64_t max_chars = music3::kMaxPromptChars);

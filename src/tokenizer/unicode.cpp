@@ -206,18 +206,22 @@ std::string to_utf8(std::u32string_view s) {
   return out;
 }
 
-std::string nfc(std::string_view s) {
+namespace {
+std::string utf8proc_normalize(std::string_view s, int options) {
   bool ascii = true;
   for (char ch : s) ascii &= static_cast<unsigned char>(ch) < 0x80;
   if (ascii) return std::string(s);  // ASCII is invariant under every normalization form
   utf8proc_uint8_t* out = nullptr;
   const auto n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
-                              static_cast<utf8proc_ssize_t>(s.size()), &out,
-                              static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+                              static_cast<utf8proc_ssize_t>(s.size()), &out, static_cast<utf8proc_option_t>(options));
   std::unique_ptr<utf8proc_uint8_t, decltype(&std::free)> hold(out, &std::free);
-  if (n < 0) throw InternalError(fmt::format("NFC normalization failed: {}", utf8proc_errmsg(n)));
+  if (n < 0) throw InternalError(fmt::format("Unicode normalization failed: {}", utf8proc_errmsg(n)));
   return std::string(reinterpret_cast<const char*>(out), static_cast<size_t>(n));
 }
+}  // namespace
+
+std::string nfc(std::string_view s) { return utf8proc_normalize(s, UTF8PROC_STABLE | UTF8PROC_COMPOSE); }
+std::string nfd(std::string_view s) { return utf8proc_normalize(s, UTF8PROC_STABLE | UTF8PROC_DECOMPOSE); }
 
 bool py_isspace(char32_t c) {
   if (c <= 0x20) return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20);

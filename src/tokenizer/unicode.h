@@ -31,8 +31,9 @@ std::u32string to_u32(std::string_view s);
 std::string to_utf8(std::u32string_view s);
 void append_utf8(std::string& out, char32_t c);
 
-// Unicode NFC of valid UTF-8 (utf8proc). ASCII-only input is returned unchanged without a call.
+// Unicode NFC / NFD of valid UTF-8 (utf8proc). ASCII-only input is returned unchanged without a call.
 std::string nfc(std::string_view s);
+std::string nfd(std::string_view s);
 
 // Python `str.isspace()` (what `\s`, `str.strip()` and `str.split()` use for `str` in Python 3).
 bool py_isspace(char32_t c);

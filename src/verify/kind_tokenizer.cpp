@@ -117,8 +117,13 @@ void finish(CaseReport& c) {
   for (const auto& k : c.checks) c.pass &= k.pass;
 }
 
+// Besides the golden ids: decode(golden ids) must give NFC(text), and (derived, because the golden
+// texts are all NFC already, so the rows alone cannot tell an NFC-normalizing tokenizer from one that
+// skips NFC) the NFD-decomposed text must give the golden ids too: canonically equivalent inputs
+// tokenize identically under the file's NFC normalizer.
 void run_tokenize_file(const Tokenizer& tok, const std::vector<json>& rows, CaseReport& rep) {
-  RowCheck ids("ids"), dec("decode");
+  RowCheck ids("ids"), dec("decode"), nfd("ids_of_nfd_text");
+  int64_t decomposed = 0;
   for (size_t r = 0; r < rows.size(); ++r) {
     const std::string text = rows[r].at("text").get<std::string>();
     const std::vector<int64_t> want = json_ids(rows[r].at("ids"));
@@ -129,6 +134,13 @@ void run_tokenize_file(const Tokenizer& tok, const std::vector<json>& rows, Case
       ids.add(false, r, [&] { return input + " threw: " + e.what(); });
     }
     try {
+      const std::string d = unicode::nfd(text);
+      decomposed += d != text;
+      nfd.add_ids(want, widen(tok.encode(d)), r, "NFD of " + input);
+    } catch (const std::exception& e) {
+      nfd.add(false, r, [&] { return "NFD of " + input + " threw: " + e.what(); });
+    }
+    try {
       std::vector<int32_t> w32(want.begin(), want.end());
       dec.add_str(unicode::nfc(text), tok.decode(w32), r, "decode(golden ids) for " + input);
     } catch (const std::exception& e) {
@@ -137,6 +149,9 @@ void run_tokenize_file(const Tokenizer& tok, const std::vector<json>& rows, Case
   }
   rep.checks.push_back(ids.result());
   rep.checks.push_back(dec.result());
+  CheckResult n = nfd.result();
+  n.metrics += fmt::format(" ({} changed by NFD)", decomposed);
+  rep.checks.push_back(n);
 }
 
 void run_prompts_file(const Tokenizer& tok, const std::vector<json>& rows, CaseReport& rep) {

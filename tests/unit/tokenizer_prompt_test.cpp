@@ -190,8 +190,19 @@ TEST(PromptIds, HundredKilobyteLyricIsRefusedQuickly) {
   while (huge.size() < 2 * 1024 * 1024) huge += lyrics;
   const double ms2 = best_ms(huge, msg);
   std::printf("[ timing ] %zu-byte lyric refused in %.2f ms: %s\n", huge.size(), ms2, msg.c_str());
-  EXPECT_NE(msg.find("more than 50000"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("(not tokenized)"), std::string::npos) << msg;
   EXPECT_LT(ms2, 1000.0);
+  // Past the token limit but under 10x the text cap: counted up to 50000 tokens, then stopped.
+  std::string dense;
+  while (dense.size() < 40000) dense += "1 2 3 4 5 6 7 8 9 ";  // 2 tokens per 2 characters
+  const double ms3 = best_ms(dense, msg);
+  std::printf("[ timing ] %zu-byte lyric refused in %.2f ms: %s\n", dense.size(), ms3, msg.c_str());
+  EXPECT_NE(msg.find("prompt has"), std::string::npos) << msg;
+  EXPECT_LT(ms3, 100.0);
+  // A 100 KB run of spaces is one BPE word; it is refused without tokenizing it.
+  const double ms4 = best_ms("la" + std::string(100 * 1024, ' ') + "la", msg);
+  std::printf("[ timing ] 100 KB whitespace lyric refused in %.2f ms: %s\n", ms4, msg.c_str());
+  EXPECT_LT(ms4, 100.0);
 }
 
 }  // namespace
