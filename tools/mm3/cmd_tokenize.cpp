@@ -148,7 +148,7 @@ RegisterCommand reg{{"tokenize", 30,
                        sub.footer(
                            "Encodes exactly as the Hugging Face tokenizers library does (no BOS/EOS), decodes ids,\n"
                            "or assembles the full Music3 prompt (caption cleaning, lyrics normalization, template,\n"
-                           "the unconditional row, the 5000-token limit).\n\n"
+                           "the unconditional row, the 5000-token and 5000-character limits).\n\n"
                            "Examples:\n"
                            "  mm3 tokenize ../shared/golden/v1/checkpoint --text 'Hello, my dog is cute'\n"
                            "      one line per token: id and its text\n"
