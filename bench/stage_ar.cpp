@@ -166,7 +166,8 @@ RegisterStage reg_ar_frame{{
           const Sizes s = sizes(ctx.checkpoint(), *b);
           StageRun r;
           r.run = [b, &pool] { b->ar_step(pool); };
-          r.bytes = s.lm_layers + s.lm_head + 7.0 * s.depth_step + s.depth_heads;
+          const double dsteps = b->depth->codebooks() - 1;  // 7
+          r.bytes = s.lm_layers + s.lm_head + dsteps * s.depth_step + s.depth_heads;
           r.info = {{"kv_len", kPromptTokens},
                     {"rows", 2},
                     {"precision", "bf16"},
@@ -175,7 +176,7 @@ RegisterStage reg_ar_frame{{
                               "Qwen3Lm::forward(S=1, B=2); prefill not timed"},
                     {"prefill_512_s_setup", b->prefill_s},
                     {"lm_weight_bytes", s.lm_layers + s.lm_head},
-                    {"depth_weight_bytes", 7.0 * s.depth_step + s.depth_heads},
+                    {"depth_weight_bytes", dsteps * s.depth_step + s.depth_heads},
                     {"kv_bytes_read_not_counted", s.kv_read}};
           return r;
         },
@@ -198,14 +199,16 @@ RegisterStage reg_depth_frame{{
           const Sizes s = sizes(ctx.checkpoint(), *b);
           StageRun r;
           r.run = [b, &pool] { b->depth_frame(pool, b->h0.data()); };
-          r.bytes = 7.0 * s.depth_step + s.depth_heads;
           const DepthConfig& dc = b->depth->config();
+          const double dsteps = dc.num_codebooks - 1;  // 7
+          r.bytes = dsteps * s.depth_step + s.depth_heads;
           const double step_params =
               double(dc.num_layers) * (4.0 * dc.hidden_size * dc.hidden_size + 3.0 * dc.hidden_size * dc.intermediate_size) +
               double(dc.hidden_size) * dc.hidden_size;
-          // rows per step: 2 CFG rows x (2 positions on the first step, 1 after); heads: 2 rows x 1024 x H each.
-          r.flops = 2.0 * step_params * 2.0 * (2 + 6) + 7.0 * 2.0 * 2.0 * dc.audio_vocab_size * dc.hidden_size;
-          r.info = {{"rows", 2}, {"steps", 7}, {"precision", "bf16"}, {"flops_counts", "matmuls only"}};
+          // 2 CFG rows x positions (2 on the first step, 1 on each later one: num_codebooks in all) through
+          // the layers + projection; each head once for 2 rows.
+          r.flops = 2.0 * step_params * 2.0 * dc.num_codebooks + dsteps * 2.0 * 2.0 * dc.audio_vocab_size * dc.hidden_size;
+          r.info = {{"rows", 2}, {"steps", dsteps}, {"precision", "bf16"}, {"flops_counts", "matmuls only"}};
           return r;
         },
 }};
