@@ -10,6 +10,16 @@
 // The tokenizer is the checkpoint's: ctx.checkpoint_dir()/tokenizer/tokenizer.json, validated for the
 // Music3 special-token ids. A check's metrics read `rows=K/N`; a failure names the first failing row
 // with expected and got.
+//
+// Wrong variants tried against this gate (each patched in, rebuilt, run): it FAILS for NFC skipped
+// (only through ids_of_nfd_text: every golden text is already NFC), merges in reverse rank, merges
+// leftmost-first ignoring rank, merge ties broken rightmost, the stale-heap-entry test dropped, added
+// tokens not matched, tags not lower-cased, text after a leading lyric tag kept, caption <|k v|> tags
+// not expanded, caption lines not rstripped, \n{2,} not squeezed, the uncond row also replacing
+// <|im_end|>, and no 5000-character cap. It PASSES (the goldens hold no such input; the unit tests
+// catch all but the last) for: horizontal rules not spanning blank lines, ASCII-only Python
+// whitespace, splitlines on \n/\r only, ASCII-only str.lower, no Final_Sigma, and PCRE2's own \s
+// (U+180E) instead of White_Space.
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
