@@ -132,10 +132,27 @@ ArResult run_ar(const ArModels& m, const std::vector<int64_t>& cond_ids, const s
 
   int64_t frames = 0, steps = 0, d_recorded = 0;
   bool stopped = false;
-  for (int64_t f = 0; f <= budget; ++f) {
+  int64_t f = 0;  // AR step (frame index; 0 = the non-emitted frame)
+  const bool force = !forced.empty();
+  // The depth decoder's code chooser, built once (a per-step std::function would allocate): records the
+  // guided row, then samples at position 8·f + j or takes the forced code.
+  struct ChooseCtx {
+    const int64_t& f;
+    int64_t rec, AV, nb;
+    bool force;
+    Tensor& d_rec;
+    int64_t& d_recorded;
+    const std::vector<int64_t>& forced;
+    SeededSampler& sampler;
+  } cx{f, rec, AV, nb, force, d_rec, d_recorded, forced, sampler};
+  const DepthCodeChooser choose = [&cx](int j, const float* g, int64_t nc) -> int64_t {
+    if (cx.f < cx.rec) std::memcpy(cx.d_rec.data<float>() + (cx.d_recorded++) * cx.AV, g, sizeof(float) * size_t(nc));
+    return cx.force ? cx.forced[size_t(cx.f * cx.nb + j)]
+                    : cx.sampler.sample(g, nc, static_cast<uint32_t>(8 * cx.f + j));
+  };
+  for (f = 0; f <= budget; ++f) {
     ctl.check_cancel();
     int64_t* cf = codes.data() + f * nb;  // [8] this step's codes
-    const bool force = !forced.empty();
     if (force && f >= forced_rows) throw InternalError("forced codes exhausted");
     // ---- c0: narrowed logits, CFG, cond-top-k pre-mask, draw (§2.4, §2.6) ----
     lm.sampleable_logits(pool, h.data(), 2, H, logits.data(), prec);  // [2, 16385]
@@ -159,11 +176,6 @@ ArResult run_ar(const ArModels& m, const std::vector<int64_t>& cond_ids, const s
     cf[0] = col - 1;
 
     // ---- depth decoder (§2.7): c1..c7, each guided and drawn like c0 but without the pre-mask ----
-    const int64_t fpos = 8 * f;
-    auto choose = [&](int j, const float* g, int64_t nc) -> int64_t {
-      if (f < rec) std::memcpy(d_rec.data<float>() + (d_recorded++) * AV, g, sizeof(float) * size_t(nc));
-      return force ? forced[size_t(f * nb + j)] : sampler.sample(g, nc, static_cast<uint32_t>(fpos + j));
-    };
     depth.decode_frame(pool, lm.embed_table(), h.data(), cfg, dst, choose, cf,
                        f > 0 ? fhp + frames * nb * H + H : nullptr, prec);  // d1..d7 of the cond row
 
