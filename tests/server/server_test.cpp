@@ -550,7 +550,9 @@ TEST(Http, RoundTripEveryRoute) {
   EXPECT_EQ(mw.frames, 60 * 44100);  // the request default: 60 s
   EXPECT_EQ(mj["extra_info"]["music_size"], bytes.size());
   EXPECT_EQ(mj["extra_info"]["music_duration"], 60000);
-  auto mu = c.Post("/v1/music_generation", R"({"prompt": "Genre: pop", "lyrics": "[verse]\nla", "output_format": "url"})",
+  auto mu = c.Post("/v1/music_generation",
+                   R"({"prompt": "Genre: pop", "lyrics": "[verse]\nla", "output_format": "url",
+                       "audio_setting": {"format": "flac", "sample_rate": 32000}})",
                    "application/json");
   ASSERT_TRUE(mu);
   ASSERT_EQ(mu->status, 200);
@@ -560,7 +562,8 @@ TEST(Http, RoundTripEveryRoute) {
   auto fetched = c.Get(url.substr(prefix.size()).c_str());
   ASSERT_TRUE(fetched);
   EXPECT_EQ(fetched->status, 200);
-  EXPECT_EQ(fetched->get_header_value("Content-Type"), "audio/mpeg");
+  EXPECT_EQ(fetched->get_header_value("Content-Type"), "audio/flac");
+  EXPECT_EQ(fetched->body.substr(0, 4), "fLaC");
 
   const std::string metrics = c.Get("/metrics")->body;
   for (const char* line : {"mm3_queue_depth 0", "mm3_jobs{state=\"done\"} 5", "mm3_jobs_submitted_total 5",
@@ -858,6 +861,38 @@ TEST(Http, SynchronousClientThatLeavesCancelsItsJob) {
   auto r = qc.Post("/v1/audio/speech", R"({"input": "[verse]\nla", "instructions": "pop", "max_new_tokens": 10})", "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200);
+}
+
+TEST(Http, EventStreamsCannotTakeEveryThread) {
+  ServerOptions opt;
+  opt.http_threads = 4;  // at most 2 streams
+  Served s(3.0, opt);
+  auto c = s.client();
+  const std::string id = submit_ok(c);
+  std::vector<int> fds;
+  for (int i = 0; i < 2; ++i) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(s.port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    const std::string req = "GET /v1/jobs/" + id + "/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    ::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
+    fds.push_back(fd);
+  }
+  auto third = [&] {
+    auto r = c.Get(("/v1/jobs/" + id + "/events").c_str(), [](const char*, size_t) { return true; });
+    return r ? r->status : 0;
+  };
+  ASSERT_TRUE(eventually([&] { return third() == 503; }, 3s));
+  // Plain requests still get through while the streams are open.
+  EXPECT_EQ(c.Get(("/v1/jobs/" + id).c_str())->status, 200);
+  EXPECT_EQ(c.Delete(("/v1/jobs/" + id).c_str())->status, 202);
+  ASSERT_EQ(wait_terminal(c, id, 3s)["state"], "cancelled");
+  // The terminal event ended both streams: their slots are free again.
+  EXPECT_TRUE(eventually([&] { return third() == 200; }, 3s));
+  for (int fd : fds) ::close(fd);
 }
 
 TEST(Http, FailedJobsAnswerWithTheirError) {

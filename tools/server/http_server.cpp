@@ -187,6 +187,9 @@ struct HttpServer::Impl {
   BacklogServer svr;
   std::atomic<bool> stopping{false};
   std::atomic<int> run_state{0};  // 0 run() not entered, 1 serving, 2 returned
+  // Each event stream holds an HTTP thread for its whole life; at most half the threads may, so plain
+  // requests (health, status, submissions) always find one.
+  std::atomic<int> streams{0};
   bool loopback = false;
 
   Impl(JobManager& j, ServerOptions o) : jobs(j), opt(std::move(o)) {}
@@ -447,6 +450,12 @@ void HttpServer::Impl::routes() {
   svr.Get(R"(/v1/jobs/([^/]+)/events)", [this](const httplib::Request& req, httplib::Response& res) {
     const std::string id = req.matches[1];
     if (!find_job(req, res, id)) return;
+    if (streams.fetch_add(1) >= std::max(1, opt.http_threads / 2)) {
+      --streams;
+      res.set_header("Retry-After", "5");
+      return send_error(req, res, 503, "too_many_streams",
+                        "too many event streams are open; poll GET /v1/jobs/{id} or retry later");
+    }
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
     auto last = std::make_shared<uint64_t>(0);
@@ -483,7 +492,7 @@ void HttpServer::Impl::routes() {
       // Coalesce bursts (the AR stage reports every frame): at most ~10 events per second.
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       return true;
-    });
+    }, [this](bool) { --streams; });
   });
   svr.Get(R"(/v1/jobs/([^/]+)/audio)", [this](const httplib::Request& req, httplib::Response& res) {
     auto j = find_job(req, res, req.matches[1]);

@@ -35,7 +35,7 @@ struct ServerOptions {
   int port = 8080;                    // 0: any free port (bind() returns it)
   std::string api_key;                // empty: no token required
   size_t max_body_bytes = 1 << 20;    // request bodies are text; 1 MiB is far above any real lyrics
-  int http_threads = 32;              // connections served at once (event streams hold one each)
+  int http_threads = 64;              // connections served at once; event streams may hold half of them
   std::string model_name = "mm3";     // /v1/models id until the generator reports its own
 };
 
