@@ -101,12 +101,15 @@ void rope_apply(float* x, int64_t S, int H, int head_dim, int64_t ld, const floa
 // Scaled dot-product attention with GQA. q: [Sq, Hq, D], token stride ldq. k, v: [Skv, Hkv, D],
 // token stride ldkv, element type kv_dtype (F32 floats or BF16 bits). out: [Sq, Hq, D], stride ldo.
 // Query head h reads KV head h / (Hq / Hkv). causal: query i sits at absolute position q_pos0 + i and
-// sees keys [0, q_pos0 + i]; otherwise every key. Scores and softmax in fp32; output rounded to store.
-// (torch's CPU flash kernel additionally rounds the unnormalised probabilities to bf16 before P·V in a
-// bf16 run; this kernel keeps them fp32, which is closer to the exact result than either torch kernel.)
+// sees keys [0, q_pos0 + i]; otherwise every key. Scores in fp32; the softmax is the reference's
+// (torch's CPU flash kernel): online over 512-key blocks, its ULP-20 exp, and with store BF16 the
+// unnormalised probabilities rounded to bf16 before P·V (the sums stay fp32 over unrounded values);
+// output rounded to store. kv_span: the number of keys in the reference's call, which fixes where
+// its blocks' vector parts end (a prefill split into chunks passes the whole prompt's length);
+// 0 means Skv. It changes rounding only, never which keys are seen.
 void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* k, const void* v, int64_t ldkv,
                DType kv_dtype, float* out, int64_t ldo, int64_t Sq, int64_t Skv, int Hq, int Hkv, int D, float scale,
-               bool causal, int64_t q_pos0, DType store);
+               bool causal, int64_t q_pos0, DType store, int64_t kv_span = 0);
 
 // In-place softmax over each row of [rows, cols] (fp32, max-subtracted).
 void softmax_rows(float* x, int64_t rows, int64_t cols);

@@ -172,7 +172,7 @@ void Qwen3Lm::forward(const ThreadPool& pool, const float* x, int B, int64_t S, 
         // [c, Hq, D] queries at positions p0+s0.. over keys [0, p0+s0+c) of this row.
         kern::attention(pool, qb, QW, cache.k(static_cast<int>(l), b), cache.v(static_cast<int>(l), b), KW,
                         cache.dtype(), scr.att.data() + int64_t(b) * c * QW, QW, c, p0 + s0 + c, Hq, Hkv, D, scale,
-                        /*causal=*/true, p0 + s0, prec);
+                        /*causal=*/true, p0 + s0, prec, /*kv_span=*/p0 + S);
       }
       kern::linear(pool, scr.att.data(), R, QW, L.o, scr.o.data(), H, prec);  // [R, H]
       kern::add(scr.x.data(), scr.o.data(), scr.x.data(), R * H, prec);       // residual

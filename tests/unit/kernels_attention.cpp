@@ -40,6 +40,10 @@ const AttnCase kAttn[] = {
     {9, 33, 8, 2, 24, true, 24},   // chunk after a cache, GQA 4:1
     {17, 70, 2, 2, 40, false, 0},  // bidirectional, keys span two 64-key blocks
     {16, 130, 4, 1, 33, true, 114}, // odd D, three key blocks
+    // more than 512 keys: the online softmax's second and third blocks (rescaled partial sums)
+    {2, 1100, 4, 2, 16, true, 1098},  // decode rows (direct scores)
+    {18, 600, 2, 1, 24, true, 582},   // many rows, row keys 583..600 cross the 512 boundary
+    {20, 530, 2, 2, 16, false, 0},    // bidirectional, a short second block
 };
 
 void check_attention(const ThreadPool& pool, const AttnCase& c, DType kv_dt, DType store, uint64_t seed) {
@@ -86,10 +90,19 @@ void check_attention(const ThreadPool& pool, const AttnCase& c, DType kv_dt, DTy
                     }
                     s[j] = dot * scale, mx = std::max(mx, s[j]), smax = std::max(smax, absdot * scale);
                   }
+                  double pvmax = 0;
                   for (int64_t j = 0; j < nk; ++j) sum += std::exp(s[j] - mx);
-                  for (int64_t j = 0; j < nk; ++j) pv += std::exp(s[j] - mx) / sum * std::fabs(vf[j * ldkv + hk * c.D + d]);
+                  for (int64_t j = 0; j < nk; ++j) {
+                    const double term = std::exp(s[j] - mx) / sum * std::fabs(vf[j * ldkv + hk * c.D + d]);
+                    pv += term, pvmax = std::max(pvmax, term);
+                  }
                   const double t = test::kEps32 * pv * (c.D * smax + 2.0 * nk + 4.0);
-                  return bf ? t + test::bf16_ulp(e) : t;
+                  // bf16: the output's own rounding, plus the probabilities' bf16 roundings: within
+                  // one 512-key block ref and kernel round the same values, and only a p that exp20
+                  // and the exact exp place on different sides of a rounding boundary differs (one
+                  // ulp, 2^-8 p); past 512 keys the kernel rounds p relative to a block's running max
+                  // and every p may differ by its rounding error (2^-9 p each side).
+                  return bf ? t + test::bf16_ulp(e) + std::ldexp(nk > 512 ? pv : pvmax, -8) : t;
                 }),
             0);
   if (bf) {
@@ -118,6 +131,97 @@ TEST(KernelsAttention, ThreadCountIndependent) {
   kern::attention(p2, q.data(), ld, k.data(), v.data(), ldkv, DType::F32, b.data(), ld, c.Sq, c.Skv, c.Hq, c.Hkv, c.D,
                   0.2f, true, c.q_pos0, DType::F32);
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
+}
+
+// The softmax contract bit for bit (kernels.h): with one-hot keys the scores are exact (s_j =
+// kval_j * scale) and V = identity makes out[j] = e_j * (1/sum) visible directly, so the expected
+// bits follow from the contract alone: e_j = exp20(s_j - max) over the 16-wide part of the row
+// (j < 32 of 37 keys), std::exp over the rest, sum = tree sum of 16 lane sums + the rest in order,
+// and with store BF16 e_j rounded to bf16 before the product. RED: the kernel before this contract
+// (std::exp-like exp everywhere, fp32 P) fails BF16 at most columns; dropping only the tail split
+// fails at columns 32..36.
+TEST(KernelsAttention, ReferenceSoftmaxBits) {
+  constexpr int D = 37;  // = Skv: 2 x 16 vector lanes + a tail of 5
+  for (int64_t Sq : {int64_t(1), int64_t(20)}) {  // direct scores / transposed-K path
+    for (DType store : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE(::testing::Message() << "Sq=" << Sq << " store=" << test::store_name(store));
+      Rng rng(31);
+      std::vector<float> kval = rng.vec(D, -6.f, 6.f, true);
+      std::vector<float> q(static_cast<size_t>(Sq * D), 1.0f), k(D * D, 0.f), v(D * D, 0.f), out(Sq * D);
+      for (int j = 0; j < D; ++j) k[j * D + j] = kval[j], v[j * D + j] = 1.0f;
+      const float scale = 0.37f;
+      kern::attention(ThreadPool(2), q.data(), D, k.data(), v.data(), D, DType::F32, out.data(), D, Sq, D, 1, 1, D,
+                      scale, false, 0, store);
+      float mx = -INFINITY, s[D], e[D], lanes[16] = {};
+      for (int j = 0; j < D; ++j) mx = std::max(mx, s[j] = kval[j] * scale);
+      for (int j = 0; j < 32; ++j) lanes[j % 16] += (e[j] = kern::detail::exp20(s[j] - mx));
+      float t8[8];
+      for (int i = 0; i < 8; ++i) t8[i] = lanes[i + 8] + lanes[i];
+      for (int i = 0; i < 4; ++i) t8[i] = t8[i + 4] + t8[i];
+      float sum = (t8[0] + t8[2]) + (t8[1] + t8[3]);
+      for (int j = 32; j < D; ++j) sum += (e[j] = std::exp(s[j] - mx));
+      const float inv = 1.0f / sum;
+      int bad = 0;
+      for (int64_t i = 0; i < Sq; ++i)
+        for (int j = 0; j < D; ++j) {
+          const float want = round_store(round_store(e[j], store) * inv, store);
+          if (f32_bits(out[i * D + j]) != f32_bits(want) && bad++ < 5)
+            ADD_FAILURE() << "row " << i << " col " << j << ": got " << out[i * D + j] << " want " << want;
+        }
+      EXPECT_EQ(bad, 0);
+    }
+  }
+}
+
+// kv_span (the reference call's key count) moves the vector/tail split, and only the rounding:
+// a chunk of a prefill gives the same bits as the whole prefill's rows.
+TEST(KernelsAttention, KvSpanMatchesWholePrefill) {
+  const int H = 2, D = 16;
+  const int64_t S = 45, c0 = 20;  // rows [20, 45) as a chunk after a 20-token cache
+  Rng rng(5);
+  std::vector<float> q = rng.vec(size_t(S * H * D), -2, 2, true), k = rng.vec(q.size(), -2, 2, true),
+                     v = rng.vec(q.size(), -2, 2, true);
+  std::vector<float> whole(q.size()), chunk(q.size());
+  ThreadPool pool(2);
+  kern::attention(pool, q.data(), H * D, k.data(), v.data(), H * D, DType::F32, whole.data(), H * D, S, S, H, H, D,
+                  0.25f, true, 0, DType::BF16);
+  kern::attention(pool, q.data() + c0 * H * D, H * D, k.data(), v.data(), H * D, DType::F32,
+                  chunk.data() + c0 * H * D, H * D, S - c0, S, H, H, D, 0.25f, true, c0, DType::BF16, S);
+  EXPECT_EQ(std::memcmp(whole.data() + c0 * H * D, chunk.data() + c0 * H * D, size_t((S - c0) * H * D) * 4), 0);
+  EXPECT_THROW(kern::attention(pool, q.data(), H * D, k.data(), v.data(), H * D, DType::F32, chunk.data(), H * D, 1,
+                               S, H, H, D, 0.25f, false, 0, DType::BF16, S - 1),
+               Error);
+}
+
+// exp20 (the reference's softmax exponential): scalar and vector twins agree bit for bit, within
+// 4 ulps of exp down to x = -86, 0 below ln(FLT_MIN).
+TEST(KernelsAttention, Exp20Accuracy) {
+  Rng rng(12);
+  std::vector<float> xs = rng.vec(4096, -87.f, 0.f);
+  for (float x : {0.f, -1e-8f, -0.5f, -0.34657359f, -87.3f, -1.f, -10.f, -88.f, -200.f}) xs.push_back(x);
+  while (xs.size() % 16) xs.push_back(-3.f);
+  int64_t worst = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const float got = kern::detail::exp20(xs[i]);
+    const double want = std::exp(double(xs[i]));
+    if (xs[i] < -87.33654f) {
+      EXPECT_EQ(got, 0.f) << xs[i];
+    } else if (xs[i] >= -86.f) {  // (between, 2^(n-1) may reach the zero exponent: 0 or denormal-ish)
+      // One-part ln2 in the reduction: the error grows with |n| (measured worst 3 ulps at x = -87).
+      const int64_t d = std::llabs(int64_t(f32_bits(got)) - int64_t(f32_bits(float(want))));
+      worst = std::max(worst, d);
+      EXPECT_LE(d, 4) << "exp20(" << xs[i] << ") = " << got << " vs " << want;
+    }
+  }
+#if defined(__AVX512F__)
+  for (size_t i = 0; i < xs.size(); i += 16) {
+    float out[16];
+    _mm512_storeu_ps(out, kern::detail::exp20_v(_mm512_loadu_ps(xs.data() + i)));
+    for (int l = 0; l < 16; ++l) EXPECT_EQ(f32_bits(out[l]), f32_bits(kern::detail::exp20(xs[i + l]))) << xs[i + l];
+  }
+#endif
+  EXPECT_EQ(kern::detail::exp20(-INFINITY), 0.f);
+  RecordProperty("worst_ulps", static_cast<int>(worst));
 }
 
 #if defined(__AVX512F__)

@@ -1,9 +1,15 @@
 // attention.cpp — kern::attention (SDPA with GQA) and kern::softmax_rows (kernels.h), the CPU backend.
 //
-// Follows torch's scaled_dot_product_attention semantics as the models use it (MODEL.md §1.2 GQA +
-// causal, §1.3 causal, §4.1 bidirectional): s = (q . k) * scale in fp32, max-subtracted softmax in
-// fp32, out = sum_j p_j v_j accumulated in fp32 and rounded once to the store dtype. As in torch's CPU
-// flash kernel, the weighted sum uses the unnormalised exp(s - max) and is scaled by 1/sum at the end.
+// Follows torch's scaled_dot_product_attention as the reference runs it on CPU (its flash kernel;
+// MODEL.md §1.2 GQA + causal, §1.3 causal, §4.1 bidirectional): s = (q . k) * scale in fp32; the
+// softmax online over blocks of 512 keys of the reference call's key range (kv_span): per block
+// the running max, e = exp(s - max) with torch's ULP-20 exponential (detail::exp20) over the block's
+// 16-wide part and std::exp over the remainder, the block sum from 16 lane sums (tree-reduced) plus
+// the remainder in order, earlier sums and partial outputs rescaled by exp(old max - new max). e is
+// rounded to the store dtype before P.V (torch feeds bf16 probabilities to its bf16 GEMM; the sums
+// use the unrounded e), out = (sum_j e_j v_j) / sum accumulated in fp32, rounded once. Emulating
+// these steps is what makes a bf16 run land on the reference's bits (e2e golden cases); with store
+// F32 nothing is rounded and the result is within a few ulps of the exact softmax.
 // The AVX-512 path blocks 4 query rows x 64 keys (scores from a transposed f32 copy of K) and
 // 4 rows x 64 dims (P·V); the portable path walks one (query, head) row at a time. In both every
 // output is one sequential FMA chain over the keys, so the thread count never changes a bit.
@@ -22,6 +28,8 @@ namespace mm3::kern {
 
 namespace {
 
+constexpr int64_t kRefKv = 512;  // keys per block of the reference's online softmax (torch kv_split_size)
+
 // exp(s_j - max) in place, returning the fp32 sum (sequential, so the order is fixed).
 float exp_shift_sum(float* s, int64_t n, float mx) {
   float sum = 0.f;
@@ -30,6 +38,25 @@ float exp_shift_sum(float* s, int64_t n, float mx) {
     sum += s[j];
   }
   return sum;
+}
+
+// Sum of 16 lanes in the tree order of _mm512_reduce_add_ps (lane i + lane i+8, then +4, +2, +1).
+[[maybe_unused]] float tree_sum16(const float* l) {
+  float t[8];
+  for (int i = 0; i < 8; ++i) t[i] = l[i + 8] + l[i];
+  for (int i = 0; i < 4; ++i) t[i] = t[i + 4] + t[i];
+  return (t[0] + t[2]) + (t[1] + t[3]);
+}
+
+void check_args(int64_t ldq, int64_t ldkv, int64_t ldo, int64_t Skv, int Hq, int Hkv, int D, int64_t q_pos0,
+                DType kv_dtype, int64_t kv_span) {
+  MM3_CHECK(Hq > 0 && Hkv > 0 && Hq % Hkv == 0, "attention: Hq={} not a multiple of Hkv={}", Hq, Hkv);
+  MM3_CHECK(D > 0 && ldq >= int64_t(Hq) * D && ldo >= int64_t(Hq) * D && ldkv >= int64_t(Hkv) * D,
+            "attention: D={} ldq={} ldkv={} ldo={} for Hq={} Hkv={}", D, ldq, ldkv, ldo, Hq, Hkv);
+  MM3_CHECK(kv_dtype == DType::F32 || kv_dtype == DType::BF16, "attention: kv dtype {} unsupported",
+            dtype_name(kv_dtype));
+  MM3_CHECK(Skv > 0 && q_pos0 >= 0, "attention: Skv={} q_pos0={}", Skv, q_pos0);
+  MM3_CHECK(kv_span == 0 || kv_span >= Skv, "attention: kv_span={} < Skv={}", kv_span, Skv);
 }
 
 }  // namespace
@@ -64,6 +91,7 @@ struct AttnItem {
   float scale;
   bool causal;
   int64_t q_pos0;
+  int64_t kv_span;      // keys in the reference's call (block widths of its softmax)
   DType store;
 };
 
@@ -128,24 +156,47 @@ void attention_item(const AttnItem& a, int64_t i0, int64_t nq, std::vector<float
           _mm512_storeu_ps(S.data() + size_t(rb + r) * a.ldkt + jb + 16 * c, _mm512_mul_ps(acc[r][c], vscale));
     }
   }
-  // ---- softmax numerators in place: e = exp(s - max) over each row's own keys; inv = 1 / sum ----
-  std::vector<float> inv(rows);
+  // ---- softmax numerators in place, the reference's way (see the header): per 512-key block b, the
+  // running max m_b, e = exp(s - m_b) (exp20 over the block's 16-wide part, std::exp over its
+  // remainder), the block sum from 16 lane sums plus the remainder in order, the running sum
+  // rescaled by alpha_b = exp(m_{b-1} - m_b); e stored rounded to `store` for the P.V pass.
+  int64_t nkall = 0;
+  for (int r = 0; r < rows; ++r) nkall = std::max(nkall, nk[r]);
+  const int64_t nblk = (nkall + kRefKv - 1) / kRefKv;
+  std::vector<float> inv(rows), alpha(static_cast<size_t>(rows) * nblk);
   for (int r = 0; r < rows; ++r) {
     float* s = S.data() + size_t(r) * a.ldkt;
     const int64_t n = nk[r];
-    __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-    for (int64_t j = 0; j < n; j += 16) mx = _mm512_mask_max_ps(mx, lane_mask(n - j), mx, _mm512_loadu_ps(s + j));
-    const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t j = 0; j < n; j += 16) {
-      const __mmask16 msk = lane_mask(n - j);
-      const __m512 e = detail::exp_v(_mm512_sub_ps(_mm512_loadu_ps(s + j), m));
-      _mm512_mask_storeu_ps(s + j, msk, e);
-      sum = _mm512_mask_add_ps(sum, msk, sum, e);
+    float m_run = -std::numeric_limits<float>::infinity(), sum_run = 0.f;
+    for (int64_t j0 = 0, b = 0; j0 < n; j0 += kRefKv, ++b) {
+      const int64_t j1 = std::min(n, j0 + kRefKv);
+      const int64_t vend = std::min(j1, j0 + std::min<int64_t>(kRefKv, a.kv_span - j0) / 16 * 16);
+      __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+      for (int64_t j = j0; j < j1; j += 16) mx = _mm512_mask_max_ps(mx, lane_mask(j1 - j), mx, _mm512_loadu_ps(s + j));
+      const float m_new = std::max(m_run, _mm512_reduce_max_ps(mx));
+      const __m512 m = _mm512_set1_ps(m_new);
+      __m512 lanes = _mm512_setzero_ps();
+      for (int64_t j = j0; j < vend; j += 16) {
+        const __mmask16 msk = lane_mask(vend - j);
+        const __m512 e = detail::exp20_v(_mm512_sub_ps(_mm512_loadu_ps(s + j), m));
+        lanes = _mm512_mask_add_ps(lanes, msk, lanes, e);
+        _mm512_mask_storeu_ps(s + j, msk, detail::round_store_v(e, a.store));
+      }
+      float bsum = _mm512_reduce_add_ps(lanes);
+      for (int64_t j = vend; j < j1; ++j) {
+        const float e = std::exp(s[j] - m_new);
+        bsum += e;
+        s[j] = round_store(e, a.store);
+      }
+      const float al = std::exp(m_run - m_new);
+      sum_run = std::fma(al, sum_run, bsum);
+      alpha[size_t(r) * nblk + b] = al;
+      m_run = m_new;
     }
-    inv[r] = 1.0f / _mm512_reduce_add_ps(sum);
+    inv[r] = 1.0f / sum_run;
   }
-  // ---- out_r = (sum_j e_rj v_j) * inv_r: 4 rows x 64 dims in registers, keys sequential ----
+  // ---- out_r = (sum_j e_rj v_j) * inv_r: 4 rows x 64 dims in registers, keys sequential; at each
+  // 512-key boundary the row's partial sum is rescaled by alpha_b first ----
   for (int rb = 0; rb < rows; rb += kRB) {
     const int rn = std::min(kRB, rows - rb);
     int64_t nkmin = nk[rb];
@@ -162,16 +213,25 @@ void attention_item(const AttnItem& a, int64_t i0, int64_t nq, std::vector<float
           vv[c] = a.vb ? detail::maskz_load_bf16_v(dm[c], static_cast<const uint16_t*>(a.v) + off + 16 * c)
                        : _mm512_maskz_loadu_ps(dm[c], static_cast<const float*>(a.v) + off + 16 * c);
       };
-      for (int64_t j = 0; j < nkmin; ++j) {
-        __m512 vv[4];
-        load_v(j, vv);
-        for (int r = 0; r < rn; ++r) {
-          const __m512 p = _mm512_set1_ps(S[size_t(rb + r) * a.ldkt + j]);
-          for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_fmadd_ps(p, vv[c], acc[r][c]);
+      auto rescale = [&](int r, int64_t j) {
+        const __m512 al = _mm512_set1_ps(alpha[size_t(rb + r) * nblk + j / kRefKv]);
+        for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_mul_ps(acc[r][c], al);
+      };
+      for (int64_t j = 0; j < nkmin;) {
+        if (j > 0 && j % kRefKv == 0)
+          for (int r = 0; r < rn; ++r) rescale(r, j);
+        for (const int64_t je = std::min(nkmin, (j / kRefKv + 1) * kRefKv); j < je; ++j) {
+          __m512 vv[4];
+          load_v(j, vv);
+          for (int r = 0; r < rn; ++r) {
+            const __m512 p = _mm512_set1_ps(S[size_t(rb + r) * a.ldkt + j]);
+            for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_fmadd_ps(p, vv[c], acc[r][c]);
+          }
         }
       }
       for (int r = 0; r < rn; ++r) {  // rows that see more keys (causal) continue their own chain
         for (int64_t j = nkmin; j < nk[rb + r]; ++j) {
+          if (j > 0 && j % kRefKv == 0) rescale(r, j);
           __m512 vv[4];
           load_v(j, vv);
           const __m512 p = _mm512_set1_ps(S[size_t(rb + r) * a.ldkt + j]);
@@ -191,14 +251,10 @@ void attention_item(const AttnItem& a, int64_t i0, int64_t nq, std::vector<float
 
 void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* k, const void* v, int64_t ldkv,
                DType kv_dtype, float* out, int64_t ldo, int64_t Sq, int64_t Skv, int Hq, int Hkv, int D, float scale,
-               bool causal, int64_t q_pos0, DType store) {
-  MM3_CHECK(Hq > 0 && Hkv > 0 && Hq % Hkv == 0, "attention: Hq={} not a multiple of Hkv={}", Hq, Hkv);
-  MM3_CHECK(D > 0 && ldq >= int64_t(Hq) * D && ldo >= int64_t(Hq) * D && ldkv >= int64_t(Hkv) * D,
-            "attention: D={} ldq={} ldkv={} ldo={} for Hq={} Hkv={}", D, ldq, ldkv, ldo, Hq, Hkv);
-  MM3_CHECK(kv_dtype == DType::F32 || kv_dtype == DType::BF16, "attention: kv dtype {} unsupported",
-            dtype_name(kv_dtype));
-  MM3_CHECK(Skv > 0 && q_pos0 >= 0, "attention: Skv={} q_pos0={}", Skv, q_pos0);
+               bool causal, int64_t q_pos0, DType store, int64_t kv_span) {
+  check_args(ldq, ldkv, ldo, Skv, Hq, Hkv, D, q_pos0, kv_dtype, kv_span);
   if (Sq <= 0) return;
+  const int64_t span = kv_span > 0 ? kv_span : Skv;
   const int group = Hq / Hkv;
   const bool kb = kv_dtype == DType::BF16;
   // Keys a query can see at most (causal rows never look past q_pos0 + Sq - 1).
@@ -240,7 +296,9 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
   // Query blocks small enough that 2 x threads items exist when possible.
   const int64_t bq = std::clamp<int64_t>(Sq * Hkv / std::max(1, 2 * pool.size()), 1, 16);
   const int64_t nqb = (Sq + bq - 1) / bq;
-  AttnItem it{q, ldq, k, kb, nullptr, ldkt, skv64, v, ldkv, kb, out, ldo, Skv, group, 0, D, scale, causal, q_pos0, store};
+  AttnItem it{q,     ldq, k,     kb,    nullptr, ldkt,   skv64, v,    ldkv,
+              kb,    out, ldo,   Skv,   group,   0,      D,     scale, causal,
+              q_pos0, span, store};
   pool.parallel_for(Hkv * nqb, [&](int64_t b, int64_t e) {
     std::vector<float> S;
     for (int64_t t = b; t < e; ++t) {
@@ -257,14 +315,10 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
 
 void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* k, const void* v, int64_t ldkv,
                DType kv_dtype, float* out, int64_t ldo, int64_t Sq, int64_t Skv, int Hq, int Hkv, int D, float scale,
-               bool causal, int64_t q_pos0, DType store) {
-  MM3_CHECK(Hq > 0 && Hkv > 0 && Hq % Hkv == 0, "attention: Hq={} not a multiple of Hkv={}", Hq, Hkv);
-  MM3_CHECK(D > 0 && ldq >= int64_t(Hq) * D && ldo >= int64_t(Hq) * D && ldkv >= int64_t(Hkv) * D,
-            "attention: D={} ldq={} ldkv={} ldo={} for Hq={} Hkv={}", D, ldq, ldkv, ldo, Hq, Hkv);
-  MM3_CHECK(kv_dtype == DType::F32 || kv_dtype == DType::BF16, "attention: kv dtype {} unsupported",
-            dtype_name(kv_dtype));
-  MM3_CHECK(Skv > 0 && q_pos0 >= 0, "attention: Skv={} q_pos0={}", Skv, q_pos0);
+               bool causal, int64_t q_pos0, DType store, int64_t kv_span) {
+  check_args(ldq, ldkv, ldo, Skv, Hq, Hkv, D, q_pos0, kv_dtype, kv_span);
   if (Sq <= 0) return;
+  const int64_t span = kv_span > 0 ? kv_span : Skv;
   const int group = Hq / Hkv;
   const bool kb = kv_dtype == DType::BF16;
   const float* kf = static_cast<const float*>(k);
@@ -284,21 +338,43 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
           const int hk = h / group;
           const float* qr = q + i * ldq + int64_t(h) * D;
           const int64_t nk = causal ? std::min<int64_t>(Skv, q_pos0 + i + 1) : Skv;
-          float mx = -std::numeric_limits<float>::infinity();
           for (int64_t j = 0; j < nk; ++j) {
             const int64_t off = j * ldkv + int64_t(hk) * D;
             const float d = kb ? detail::dot_f32_bf16(qr, kh + off, D) : detail::dot_f32(qr, kf + off, D);
             s[static_cast<size_t>(j)] = d * scale;
-            mx = std::max(mx, s[static_cast<size_t>(j)]);
           }
-          const float sum = exp_shift_sum(s.data(), nk, mx);
+          // The reference's block softmax (file header), with 16 emulated lanes.
+          float m_run = -std::numeric_limits<float>::infinity(), sum = 0.f;
           std::fill(acc.begin(), acc.end(), 0.f);
-          for (int64_t j = 0; j < nk; ++j) {
-            const int64_t off = j * ldkv + int64_t(hk) * D;
-            if (kb)
-              detail::axpy_bf16(s[static_cast<size_t>(j)], vh + off, acc.data(), D);
-            else
-              detail::axpy_f32(s[static_cast<size_t>(j)], vf + off, acc.data(), D);
+          for (int64_t j0 = 0; j0 < nk; j0 += kRefKv) {
+            const int64_t j1 = std::min(nk, j0 + kRefKv);
+            const int64_t vend = std::min(j1, j0 + std::min<int64_t>(kRefKv, span - j0) / 16 * 16);
+            float m_new = m_run;
+            for (int64_t j = j0; j < j1; ++j) m_new = std::max(m_new, s[static_cast<size_t>(j)]);
+            float lanes[16] = {};
+            for (int64_t j = j0; j < vend; ++j) {
+              const float e = detail::exp20(s[static_cast<size_t>(j)] - m_new);
+              lanes[(j - j0) % 16] += e;
+              s[static_cast<size_t>(j)] = round_store(e, store);
+            }
+            float bsum = tree_sum16(lanes);
+            for (int64_t j = vend; j < j1; ++j) {
+              const float e = std::exp(s[static_cast<size_t>(j)] - m_new);
+              bsum += e;
+              s[static_cast<size_t>(j)] = round_store(e, store);
+            }
+            const float al = std::exp(m_run - m_new);
+            sum = std::fma(al, sum, bsum);
+            m_run = m_new;
+            if (j0 > 0)
+              for (float& x : acc) x *= al;
+            for (int64_t j = j0; j < j1; ++j) {
+              const int64_t off = j * ldkv + int64_t(hk) * D;
+              if (kb)
+                detail::axpy_bf16(s[static_cast<size_t>(j)], vh + off, acc.data(), D);
+              else
+                detail::axpy_f32(s[static_cast<size_t>(j)], vf + off, acc.data(), D);
+            }
           }
           const float inv = 1.0f / sum;
           float* o = out + i * ldo + int64_t(h) * D;

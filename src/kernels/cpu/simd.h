@@ -9,6 +9,7 @@
 // Wherever an FMA is wanted (dot products) it is written explicitly.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -80,6 +81,64 @@ inline __m512 exp_v(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
   return _mm512_scalef_ps(p, n);
+}
+#endif
+
+// The reference's softmax exponential: torch's CPU flash attention takes exp(s - max) with its
+// "ULP 20" approximation, so matching the reference bf16 run bit for bit needs the same function
+// (its error, ~1e-6 relative, is far inside bf16 noise and the fp32 bounds). Recipe: clamp x to
+// [ln(FLT_MIN), ln(FLT_MAX)] (a NaN clamps to the upper end, as MINPS/MAXPS order it); n =
+// floor(x log2e + 0.5) by FMA; r = x - n ln2 by one FMA with a one-part ln2; a degree-5 polynomial
+// with fitted coefficients in Horner form by FMAs; times 2^(n-1) built in the exponent bits, times 2;
+// inputs below ln(FLT_MIN) give +0. exp20 is the scalar twin, equal lane for lane.
+namespace exp20_c {
+inline float bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+constexpr uint32_t kLog2e = 0x3fb8aa3b, kLn2 = 0x3f317218, kLo = 0xc2aeac50, kHi = 0x42b17218;
+constexpr float kC1 = 0.999999701f, kC2 = 0.499991506f, kC3 = 0.166676521f, kC4 = 0.0418978221f,
+                kC5 = 0.00828929059f;
+}  // namespace exp20_c
+
+inline float exp20(float x) {
+  using namespace exp20_c;
+  const float lo = bits(kLo), hi = bits(kHi);
+  const bool under = x < lo;
+  float v = x < hi ? x : hi;
+  v = v > lo ? v : lo;
+  const float n = std::floor(std::fma(v, bits(kLog2e), 0.5f));
+  const float r = std::fma(-n, bits(kLn2), v);
+  float p = std::fma(r, kC5, kC4);
+  p = std::fma(r, p, kC3);
+  p = std::fma(r, p, kC2);
+  p = std::fma(r, p, kC1);
+  p = std::fma(r, p, 1.0f);
+  const uint32_t e = static_cast<uint32_t>(static_cast<int32_t>(n - 1.0f) + 127) << 23;
+  const float two_n1 = under ? 0.0f : bits(e);
+  return p * two_n1 * 2.0f;
+}
+
+#if defined(__AVX512F__)
+inline __m512 exp20_v(__m512 x) {
+  using namespace exp20_c;
+  const __m512 lo = _mm512_set1_ps(bits(kLo)), hi = _mm512_set1_ps(bits(kHi));
+  const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OS);
+  __m512 v = _mm512_max_ps(_mm512_min_ps(x, hi), lo);
+  const __m512i ni = _mm512_cvt_roundps_epi32(_mm512_fmadd_ps(v, _mm512_set1_ps(bits(kLog2e)), _mm512_set1_ps(0.5f)),
+                                              _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m512 n = _mm512_cvtepi32_ps(ni);
+  const __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(bits(kLn2)), v);
+  __m512 p = _mm512_fmadd_ps(r, _mm512_set1_ps(kC5), _mm512_set1_ps(kC4));
+  p = _mm512_fmadd_ps(r, p, _mm512_set1_ps(kC3));
+  p = _mm512_fmadd_ps(r, p, _mm512_set1_ps(kC2));
+  p = _mm512_fmadd_ps(r, p, _mm512_set1_ps(kC1));
+  p = _mm512_fmadd_ps(r, p, _mm512_set1_ps(1.0f));
+  const __m512i e = _mm512_slli_epi32(
+      _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_sub_ps(n, _mm512_set1_ps(1.0f))), _mm512_set1_epi32(127)), 23);
+  const __m512 two_n1 = _mm512_mask_blend_ps(under, _mm512_castsi512_ps(e), _mm512_setzero_ps());
+  return _mm512_mul_ps(_mm512_mul_ps(p, two_n1), _mm512_set1_ps(2.0f));
 }
 #endif
 

@@ -132,9 +132,11 @@ void rope_apply(float* x, int64_t S, int H, int head_dim, int64_t ld, const floa
 
 void attention(const ThreadPool&, const float* q, int64_t ldq, const void* k, const void* v, int64_t ldkv,
                DType kv_dtype, float* out, int64_t ldo, int64_t Sq, int64_t Skv, int Hq, int Hkv, int D, float scale,
-               bool causal, int64_t q_pos0, DType store) {
+               bool causal, int64_t q_pos0, DType store, int64_t /*kv_span: blocking only*/) {
+  // Exact softmax in double with one row max; with store BF16 the probabilities are rounded to
+  // bf16 (as floats) before P.V while the sum keeps the unrounded values, as the kernel contract says.
   const int group = Hq / Hkv;
-  std::vector<double> s(static_cast<size_t>(Skv));
+  std::vector<double> s(static_cast<size_t>(Skv)), p(static_cast<size_t>(Skv));
   for (int64_t i = 0; i < Sq; ++i)
     for (int h = 0; h < Hq; ++h) {
       const int hk = h / group;
@@ -148,10 +150,13 @@ void attention(const ThreadPool&, const float* q, int64_t ldq, const void* k, co
         mx = std::max(mx, s[j]);
       }
       double sum = 0;
-      for (int64_t j = 0; j < nk; ++j) sum += (s[j] = std::exp(s[j] - mx));
+      for (int64_t j = 0; j < nk; ++j) {
+        sum += (s[j] = std::exp(s[j] - mx));
+        p[j] = store == DType::BF16 ? double(round_bf16(float(s[j]))) : s[j];
+      }
       for (int e = 0; e < D; ++e) {
         double acc = 0;
-        for (int64_t j = 0; j < nk; ++j) acc += s[j] * double(kv_at(v, kv_dtype, j * ldkv + hk * D + e));
+        for (int64_t j = 0; j < nk; ++j) acc += p[j] * double(kv_at(v, kv_dtype, j * ldkv + hk * D + e));
         out[i * ldo + h * D + e] = st(acc / sum, store);
       }
     }
