@@ -102,8 +102,9 @@ void rope_apply(float* x, int64_t S, int H, int head_dim, int64_t ld, const floa
 // token stride ldkv, element type kv_dtype (F32 floats or BF16 bits). out: [Sq, Hq, D], stride ldo.
 // Query head h reads KV head h / (Hq / Hkv). causal: query i sits at absolute position q_pos0 + i and
 // sees keys [0, q_pos0 + i]; otherwise every key. Scores in fp32; the softmax is the reference's
-// (torch's CPU flash kernel): online over 512-key blocks, its ULP-20 exp, and with store BF16 the
-// unnormalised probabilities rounded to bf16 before P·V (the sums stay fp32 over unrounded values);
+// (torch's CPU flash kernel): online over 512-key blocks, its vector exps (exp_u20 in fp32, the
+// bf16-accurate fexp_u20 with store BF16), and with store BF16 the unnormalised probabilities
+// rounded to bf16 before P·V (the sums stay fp32 over unrounded values);
 // output rounded to store. kv_span: the number of keys in the reference's call, which fixes where
 // its blocks' vector parts end (a prefill split into chunks passes the whole prompt's length);
 // 0 means Skv. It changes rounding only, never which keys are seen.

@@ -1,4 +1,5 @@
 #include "verify/verify.h"
+#include "io/npy.h"
 
 #include <fstream>
 
@@ -53,7 +54,7 @@ bool selected(const std::vector<std::string>& filter, const std::string& v) {
   return false;
 }
 
-CaseReport run_one(const json& spec, const VerifyContext& ctx) {
+CaseReport run_one(const json& spec, const VerifyContext& ctx, const fs::path& dump_dir) {
   CaseReport rep;
   rep.name = spec.value("name", "?");
   rep.kind = spec.value("kind", "?");
@@ -66,6 +67,11 @@ CaseReport run_one(const json& spec, const VerifyContext& ctx) {
     const fs::path file = ctx.golden_dir() / spec.value("file", "");
     SafetensorsFile st(file.string());
     CaseOutputs out = it->second(CaseInput{spec, st, ctx});
+    if (!dump_dir.empty()) {
+      const fs::path d = dump_dir / rep.name;
+      fs::create_directories(d);
+      for (const auto& [name, t] : out.outputs) write_npy((d / (name + ".npy")).string(), t);
+    }
     for (const json& check : spec.value("checks", json::array())) {
       const std::string name = check.value("output", "");
       const std::string rule = check.value("rule", "");
@@ -138,7 +144,7 @@ std::vector<CaseReport> run_verify(const fs::path& golden_dir, const VerifyOptio
   std::vector<CaseReport> reports;
   for (const json& spec : manifest["cases"]) {
     if (!selected(opt.kinds, spec.value("kind", "")) || !selected(opt.cases, spec.value("name", ""))) continue;
-    CaseReport r = run_one(spec, ctx);
+    CaseReport r = run_one(spec, ctx, opt.dump_dir);
     finalize_report(r);
     print_report(r, out, opt.verbose);
     reports.push_back(std::move(r));

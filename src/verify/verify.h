@@ -74,6 +74,9 @@ struct VerifyOptions {
   std::vector<std::string> kinds;  // empty: all
   std::vector<std::string> cases;  // empty: all
   bool verbose = false;
+  // When set, every output a runner produced is written as DIR/<case>/<output>.npy (ours; the
+  // golden's own tensors are in the case file) for offline analysis.
+  std::filesystem::path dump_dir;
 };
 
 // Runs the set, printing as it goes (to `out`). Returns the reports; the caller decides the exit code.

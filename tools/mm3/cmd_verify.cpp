@@ -11,6 +11,7 @@ struct VerifyArgs {
   std::vector<std::string> kinds, cases;
   bool verbose = false;
   int threads = 0;
+  std::string dump;
 };
 
 RegisterCommand reg{{"verify", 20,
@@ -23,6 +24,9 @@ RegisterCommand reg{{"verify", 20,
                        sub.add_option("--case", a->cases, "only the case with this name (repeatable)");
                        sub.add_flag("-v,--verbose", a->verbose, "print notes of passing cases too");
                        sub.add_option("-t,--threads", a->threads, "threads (default: all cores)");
+                       sub.add_option("--dump", a->dump,
+                                      "write every output we computed to DIR/<case>/<output>.npy (for analysis "
+                                      "next to the golden's own tensors)");
                        sub.footer(
                            "Runs each case of GOLDEN_DIR/manifest.json and applies its checks with the rules of\n"
                            "golden/README.md. Prints one line per case (PASS/FAIL name kind metrics), then\n"
@@ -32,7 +36,7 @@ RegisterCommand reg{{"verify", 20,
                            "Example:\n  mm3 verify ../shared/golden/v1 --kind scheduler --kind vocoder");
                        return [a]() {
                          ThreadPool pool(a->threads);
-                         verify::VerifyOptions opt{a->kinds, a->cases, a->verbose};
+                         verify::VerifyOptions opt{a->kinds, a->cases, a->verbose, a->dump};
                          auto reports = verify::run_verify(a->dir, opt, pool, stdout);
                          int passed = 0, failed = 0, unverifiable = 0, defect_checks = 0;
                          std::string names;

@@ -3,11 +3,13 @@
 // Follows torch's scaled_dot_product_attention as the reference runs it on CPU (its flash kernel;
 // MODEL.md §1.2 GQA + causal, §1.3 causal, §4.1 bidirectional): s = (q . k) * scale in fp32; the
 // softmax online over blocks of 512 keys of the reference call's key range (kv_span): per block
-// the running max, e = exp(s - max) with torch's ULP-20 exponential (detail::exp20) over the block's
-// 16-wide part and std::exp over the remainder, the block sum from 16 lane sums (tree-reduced) plus
-// the remainder in order, earlier sums and partial outputs rescaled by exp(old max - new max). e is
-// rounded to the store dtype before P.V (torch feeds bf16 probabilities to its bf16 GEMM; the sums
-// use the unrounded e), out = (sum_j e_j v_j) / sum accumulated in fp32, rounded once. Emulating
+// the running max, e = exp(s - max) over the block's 16-wide part with torch's vector exponential
+// (fp32 run: exp_u20 = detail::exp20; bf16 run: the faster fexp_u20 = detail::fexp20, processed 32
+// at a time with two lane accumulators plus one for a 16-wide remainder) and std::exp over the rest,
+// the block sum from those lane sums (tree-reduced) plus the rest in order, earlier sums and partial
+// outputs rescaled by exp(old max - new max). e is rounded to the store dtype before P.V (torch
+// feeds bf16 probabilities to its bf16 GEMM; the sums use the unrounded e), out = (sum_j e_j v_j) /
+// sum accumulated in fp32, rounded once. Emulating
 // these steps is what makes a bf16 run land on the reference's bits (e2e golden cases); with store
 // F32 nothing is rounded and the result is within a few ulps of the exact softmax.
 // The AVX-512 path blocks 4 query rows x 64 keys (scores from a transposed f32 copy of K) and
@@ -164,25 +166,30 @@ void attention_item(const AttnItem& a, int64_t i0, int64_t nq, std::vector<float
   for (int r = 0; r < rows; ++r) nkall = std::max(nkall, nk[r]);
   const int64_t nblk = (nkall + kRefKv - 1) / kRefKv;
   std::vector<float> inv(rows), alpha(static_cast<size_t>(rows) * nblk);
+  const bool bf = a.store == DType::BF16;
   for (int r = 0; r < rows; ++r) {
     float* s = S.data() + size_t(r) * a.ldkt;
     const int64_t n = nk[r];
     float m_run = -std::numeric_limits<float>::infinity(), sum_run = 0.f;
     for (int64_t j0 = 0, b = 0; j0 < n; j0 += kRefKv, ++b) {
       const int64_t j1 = std::min(n, j0 + kRefKv);
-      const int64_t vend = std::min(j1, j0 + std::min<int64_t>(kRefKv, a.kv_span - j0) / 16 * 16);
+      const int64_t bw = std::min<int64_t>(kRefKv, a.kv_span - j0);
+      const int64_t vend = std::min(j1, j0 + bw / 16 * 16);
+      const int64_t vend2 = bf ? j0 + bw / 32 * 32 : j0;
       __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
       for (int64_t j = j0; j < j1; j += 16) mx = _mm512_mask_max_ps(mx, lane_mask(j1 - j), mx, _mm512_loadu_ps(s + j));
       const float m_new = std::max(m_run, _mm512_reduce_max_ps(mx));
       const __m512 m = _mm512_set1_ps(m_new);
-      __m512 lanes = _mm512_setzero_ps();
+      __m512 lanes[3] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
       for (int64_t j = j0; j < vend; j += 16) {
         const __mmask16 msk = lane_mask(vend - j);
-        const __m512 e = detail::exp20_v(_mm512_sub_ps(_mm512_loadu_ps(s + j), m));
-        lanes = _mm512_mask_add_ps(lanes, msk, lanes, e);
+        const __m512 x = _mm512_sub_ps(_mm512_loadu_ps(s + j), m);
+        const __m512 e = bf ? detail::fexp20_v(x) : detail::exp20_v(x);
+        const int slot = j < vend2 ? static_cast<int>(((j - j0) / 16) & 1) : 2;
+        lanes[slot] = _mm512_mask_add_ps(lanes[slot], msk, lanes[slot], e);
         _mm512_mask_storeu_ps(s + j, msk, detail::round_store_v(e, a.store));
       }
-      float bsum = _mm512_reduce_add_ps(lanes);
+      float bsum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(lanes[0], lanes[2]), lanes[1]));
       for (int64_t j = vend; j < j1; ++j) {
         const float e = std::exp(s[j] - m_new);
         bsum += e;
@@ -321,6 +328,7 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
   const int64_t span = kv_span > 0 ? kv_span : Skv;
   const int group = Hq / Hkv;
   const bool kb = kv_dtype == DType::BF16;
+  const bool bf = store == DType::BF16;
   const float* kf = static_cast<const float*>(k);
   const float* vf = static_cast<const float*>(v);
   const uint16_t* kh = static_cast<const uint16_t*>(k);
@@ -348,16 +356,21 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
           std::fill(acc.begin(), acc.end(), 0.f);
           for (int64_t j0 = 0; j0 < nk; j0 += kRefKv) {
             const int64_t j1 = std::min(nk, j0 + kRefKv);
-            const int64_t vend = std::min(j1, j0 + std::min<int64_t>(kRefKv, span - j0) / 16 * 16);
+            const int64_t bw = std::min<int64_t>(kRefKv, span - j0);
+            const int64_t vend = std::min(j1, j0 + bw / 16 * 16);
+            const int64_t vend2 = bf ? j0 + bw / 32 * 32 : j0;
             float m_new = m_run;
             for (int64_t j = j0; j < j1; ++j) m_new = std::max(m_new, s[static_cast<size_t>(j)]);
-            float lanes[16] = {};
+            float lanes[3][16] = {};
             for (int64_t j = j0; j < vend; ++j) {
-              const float e = detail::exp20(s[static_cast<size_t>(j)] - m_new);
-              lanes[(j - j0) % 16] += e;
+              const float x = s[static_cast<size_t>(j)] - m_new;
+              const float e = bf ? detail::fexp20(x) : detail::exp20(x);
+              const int slot = j < vend2 ? static_cast<int>(((j - j0) / 16) & 1) : 2;
+              lanes[slot][(j - j0) % 16] += e;
               s[static_cast<size_t>(j)] = round_store(e, store);
             }
-            float bsum = tree_sum16(lanes);
+            for (int l = 0; l < 16; ++l) lanes[0][l] = (lanes[0][l] + lanes[2][l]) + lanes[1][l];
+            float bsum = tree_sum16(lanes[0]);
             for (int64_t j = vend; j < j1; ++j) {
               const float e = std::exp(s[static_cast<size_t>(j)] - m_new);
               bsum += e;

@@ -120,6 +120,53 @@ inline float exp20(float x) {
   return p * two_n1 * 2.0f;
 }
 
+// The reference's softmax exponential when the probabilities are stored as bf16: torch's "fast"
+// fexp_u20 (accurate to about one bf16 ulp): y = x log2e (one rounding), f = y - floor(y), a cubic
+// in f (fitted coefficients, Horner by FMAs) subtracted from y, then the float's bits are built
+// directly as trunc(2^23 y' + 127 * 2^23) (one FMA, so only ~16 significant bits survive); x below
+// ln(FLT_MIN) gives +0, above ln(FLT_MAX) +inf, NaN gives the bits of CVTTPS2DQ's 0x80000000 (-0).
+// fexp20 is the scalar twin, equal lane for lane.
+namespace fexp20_c {
+constexpr float kC0 = 0.00010703434948458272f, kC1 = 0.30354260500649682f, kC2 = -0.22433836478672356f,
+                kC3 = -0.079204240219773236f;
+constexpr float kA = 8388608.0f, kB = 8388608.0f * 127.0f;  // 2^23, 127 * 2^23
+}  // namespace fexp20_c
+
+inline float fexp20(float x) {
+  using namespace fexp20_c;
+  const float lo = exp20_c::bits(exp20_c::kLo), hi = exp20_c::bits(exp20_c::kHi);
+  float y = x * exp20_c::bits(exp20_c::kLog2e);
+  const float f = y - std::floor(y);
+  float p = std::fma(f, kC3, kC2);
+  p = std::fma(f, p, kC1);
+  p = std::fma(f, p, kC0);
+  y = y - p;
+  const float t = std::fma(kA, y, kB);
+  // CVTTPS2DQ: truncation, 0x80000000 for NaN and out-of-range values.
+  const uint32_t i = (t >= -2147483648.0f && t < 2147483648.0f) ? static_cast<uint32_t>(static_cast<int32_t>(t))
+                                                                 : 0x80000000u;
+  if (x < lo) return 0.0f;
+  if (x > hi) return INFINITY;
+  return exp20_c::bits(i);
+}
+
+#if defined(__AVX512F__)
+inline __m512 fexp20_v(__m512 x) {
+  using namespace fexp20_c;
+  const __mmask16 small = _mm512_cmp_ps_mask(x, _mm512_set1_ps(exp20_c::bits(exp20_c::kLo)), _CMP_LT_OS);
+  const __mmask16 large = _mm512_cmp_ps_mask(x, _mm512_set1_ps(exp20_c::bits(exp20_c::kHi)), _CMP_GT_OS);
+  __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(exp20_c::bits(exp20_c::kLog2e)));
+  const __m512 f = _mm512_sub_ps(y, _mm512_roundscale_ps(y, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
+  __m512 p = _mm512_fmadd_ps(f, _mm512_set1_ps(kC3), _mm512_set1_ps(kC2));
+  p = _mm512_fmadd_ps(f, p, _mm512_set1_ps(kC1));
+  p = _mm512_fmadd_ps(f, p, _mm512_set1_ps(kC0));
+  y = _mm512_sub_ps(y, p);
+  const __m512i i = _mm512_cvttps_epi32(_mm512_fmadd_ps(_mm512_set1_ps(kA), y, _mm512_set1_ps(kB)));
+  __m512 r = _mm512_mask_blend_ps(small, _mm512_castsi512_ps(i), _mm512_setzero_ps());
+  return _mm512_mask_blend_ps(large, r, _mm512_set1_ps(INFINITY));
+}
+#endif
+
 #if defined(__AVX512F__)
 inline __m512 exp20_v(__m512 x) {
   using namespace exp20_c;
