@@ -12,6 +12,7 @@
 #include "model/checkpoint.h"
 #include "pipeline/acoustic_stage.h"
 #include "pipeline/ar_stage.h"
+#include "pipeline/memory_plan.h"
 #include "tokenizer/prompt.h"
 
 namespace mm3 {
@@ -97,6 +98,13 @@ GenerationResult Pipeline::generate(const Request& req, const RunControl& ctl, c
   ArParams ap;
   ap.seed = req.seed;
   ap.max_frames = frame_budget(req.duration);
+  // Memory: a stage that cannot fit fails now (OutOfMemory, exit 4) with the figures; when only the
+  // two stages together do not fit, the AR models are freed before the acoustic stage (--low-memory).
+  const bool must_drop =
+      check_memory(plan_memory(m.ckpt, out.prompt_tokens, ap.max_frames, m.opt.ar_precision));
+  if (must_drop && !m.opt.low_memory)
+    out.notes.push_back("the LM and the acoustic models do not fit in memory together: freeing the LM before the "
+                        "acoustic stage (as --low-memory does)");
   ap.cfg = req.ar_cfg;
   ap.precision = m.opt.ar_precision;
   if (gopt.codes) ap.forced_codes = *gopt.codes;
@@ -108,7 +116,7 @@ GenerationResult Pipeline::generate(const Request& req, const RunControl& ctl, c
   out.stopped_on_end = ar.stopped_on_end;
   dump(gopt.dump_dir, "codes", ar.codes);
   dump(gopt.dump_dir, "frame_hiddens", ar.frame_hiddens);
-  if (m.opt.low_memory) m.drop_ar_models();
+  if (m.opt.low_memory || must_drop) m.drop_ar_models();
   ctl.check_cancel();
 
   // Acoustic stage.

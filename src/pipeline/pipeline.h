@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/progress.h"
 #include "core/tensor.h"
@@ -34,6 +35,7 @@ struct GenerationResult {
   bool stopped_on_end = false; // the LM sampled <|audio_end|> before the frame budget
   int64_t prompt_tokens = 0;
   double seconds_ar = 0, seconds_acoustic = 0, seconds_total = 0;
+  std::vector<std::string> notes;  // things the user should know (e.g. low-memory mode chosen automatically)
 };
 
 struct GenerateOptions {

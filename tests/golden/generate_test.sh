@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # generate_test.sh MM3 GOLDEN_DIR — `mm3 generate` end to end on the golden checkpoint: a 44.1 kHz stereo
 # WAV whose length is MODEL.md §5.2's prediction for the frames generated; replay with --codes is bitwise
-# identical; a request file gives the same result as flags; bad input exits 2, a bad model exits 3.
+# identical; a request file gives the same result as flags; bad input exits 2, a bad model exits 3,
+# too little memory exits 4 (MM3_MEMORY_LIMIT), and a tight limit switches to low-memory mode.
 set -u
 mm3="$1"; golden="$2"; ck="$golden/checkpoint"
 if [ ! -d "$ck" ]; then echo "SKIP: golden checkpoint not found at $ck"; exit 77; fi
@@ -57,4 +58,17 @@ expect_rc 3 "missing model" --model "$tmp/nope" --caption pop --lyrics la --prog
 mkdir -p "$tmp/broken"; cp -r "$ck"/. "$tmp/broken"; chmod -R u+w "$tmp/broken"
 truncate -s 100 "$tmp/broken/transformer/diffusion_pytorch_model.safetensors"
 expect_rc 3 "corrupt model" --model "$tmp/broken" --caption pop --lyrics la --duration 1 --steps 1 --progress none
+# Memory: a stage that cannot fit exits 4 naming what it needs; when only both stages together do not
+# fit, the LM is freed before the acoustic stage automatically, with the same bits as a normal run.
+MM3_MEMORY_LIMIT=1M expect_rc 4 "memory too small" "${args[@]}" --duration 4
+grep -q "needs about" "$tmp/bad.log" || { echo "FAIL: the out-of-memory message does not say what is needed"; fail=1; }
+MM3_MEMORY_LIMIT=bogus expect_rc 2 "bad MM3_MEMORY_LIMIT" "${args[@]}" --duration 4
+ar=$(MM3_MEMORY_LIMIT=1M "$mm3" generate "${args[@]}" --duration 4 -o "$tmp/x.wav" 2>&1 | sed -n 's/.*AR stage needs about \([0-9]*\) MiB.*/\1/p')
+if [ -n "$ar" ]; then
+  MM3_MEMORY_LIMIT="$((ar + 20))M" "$mm3" generate "${args[@]}" --duration 4 -o "$tmp/d.wav" 2> "$tmp/d.log" \
+    || { echo "FAIL: low-memory run exited $?"; cat "$tmp/d.log"; fail=1; }
+  grep -q "freeing the LM" "$tmp/d.log" && cmp -s "$tmp/a.wav" "$tmp/d.wav" \
+    && echo "ok: automatic low-memory mode at $((ar + 20)) MiB, same bits" \
+    || { echo "FAIL: automatic low-memory run: $(cat "$tmp/d.log")"; fail=1; }
+else echo "FAIL: could not read the AR stage's need from the message"; fail=1; fi
 exit $fail

@@ -6,6 +6,7 @@
 
 #include "commands.h"
 #include "core/errors.h"
+#include "download_display.h"
 #include "io/audio.h"
 #include "io/npy.h"
 #include "pipeline/model_resolve.h"
@@ -25,7 +26,7 @@ struct GenArgs {
   double duration = -1, ar_cfg = -1, dit_cfg = -1;
   long long seed = -1;
   int steps = -1, sample_rate = -1, threads = 0;
-  bool low_memory = false, have_seed = false;
+  bool low_memory = false, have_seed = false, no_download = false;
   std::string seed_text;
 };
 
@@ -91,7 +92,25 @@ int run_generate(const GenArgs& a) {
   PipelineOptions popt;
   popt.threads = a.threads;
   popt.low_memory = a.low_memory;
-  Pipeline pipe(resolve_model(a.model), popt);
+  // A repo id missing from the HF cache is downloaded here; Ctrl-C keeps the .incomplete for the next run.
+  ResolveOptions ropt;
+  ropt.allow_download = !a.no_download;
+  DownloadDisplay download(a.model, parse_progress_mode(a.progress));
+  ropt.on_download = download.callback();
+  ropt.should_cancel = [] { return g_interrupted.load(); };
+  g_interrupted = false;
+  std::string model_dir;
+  {
+    auto prev_handler = std::signal(SIGINT, on_sigint);
+    try {
+      model_dir = resolve_model(a.model, ropt);
+    } catch (...) {
+      std::signal(SIGINT, prev_handler);
+      throw;
+    }
+    std::signal(SIGINT, prev_handler);
+  }
+  Pipeline pipe(model_dir, popt);
 
   ProgressDisplay display(parse_progress_mode(a.progress));
   RunControl ctl;
@@ -109,6 +128,7 @@ int run_generate(const GenArgs& a) {
   }
   std::signal(SIGINT, prev);
   display.finish();
+  for (const std::string& n : res.notes) std::fprintf(stderr, "mm3: note: %s\n", n.c_str());
 
   AudioWriteOptions wopt;
   wopt.format = fmt;
@@ -133,7 +153,11 @@ RegisterCommand reg{
     {"generate", 5,
      [](CLI::App& sub) -> std::function<int()> {
        auto a = std::make_shared<GenArgs>();
-       sub.add_option("-m,--model", a->model, "checkpoint folder or Hugging Face repo id")->capture_default_str();
+       sub.add_option("-m,--model", a->model,
+                      "checkpoint folder, or a Hugging Face repo id: taken from the HF cache, downloaded into it on "
+                      "first use (see Models below)")
+           ->capture_default_str();
+       sub.add_flag("--no-download", a->no_download, "never download the model: the HF cache or a folder only");
        sub.add_option("--caption", a->caption, "style description (text, or @file)");
        sub.add_option("--lyrics", a->lyrics, "lyrics with [verse]/[chorus]/... tags (text, or @file)");
        sub.add_option("--duration", a->duration, "upper bound in seconds (default 60, max 360); the song may end earlier");
@@ -158,6 +182,10 @@ RegisterCommand reg{
            "               --lyrics @lyrics.txt --duration 30 --seed 7 -o song.flac\n"
            "  mm3 generate --request req.json --save-codes song.codes.npy -o song.wav\n"
            "  mm3 generate --codes song.codes.npy --caption ... --lyrics ... -o again.wav   # replay, bitwise equal\n\n"
+           "Models: --model ORG/NAME (default MiniMaxAI/MiniMax-Music3) is looked up in the Hugging Face cache\n"
+           "($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub) and, when missing, downloaded into it\n"
+           "(about 28 GB; the legacy qwen_7B/ and *.pth files are skipped). $HF_TOKEN for gated repos, $HF_ENDPOINT\n"
+           "for a mirror, $HF_HUB_OFFLINE=1 or --no-download to stay offline. An interrupted download resumes.\n\n"
            "Exit codes: 2 bad input, 3 missing/corrupt model, 4 out of memory, 130 cancelled (Ctrl-C; no file).");
        return [a]() { return run_generate(*a); };
      },

@@ -1,0 +1,154 @@
+#include "pipeline/memory_plan.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/errors.h"
+#include "model/checkpoint.h"
+
+namespace mm3 {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+uint64_t component_file_bytes(const Checkpoint& ckpt, const std::string& component) {
+  uint64_t total = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(ckpt.component_dir(component), ec))
+    if (e.path().extension() == ".safetensors") total += fs::file_size(e.path(), ec);
+  return total;
+}
+
+constexpr uint64_t kMiB = 1ull << 20, kGiB = 1ull << 30;
+
+// "123", "512M", "8G", "1.5G" -> bytes; 0 on a malformed value.
+uint64_t parse_size(const std::string& s) {
+  if (s.empty()) return 0;
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (...) {
+    return 0;
+  }
+  std::string suffix = s.substr(used);
+  for (char& c : suffix) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (!suffix.empty() && suffix.back() == 'B') suffix.pop_back();
+  if (suffix == "I") return 0;
+  if (!suffix.empty() && suffix.back() == 'I') suffix.pop_back();  // KiB / MiB / GiB
+  double mul = 1;
+  if (suffix == "K") mul = 1024.0;
+  else if (suffix == "M") mul = double(kMiB);
+  else if (suffix == "G") mul = double(kGiB);
+  else if (suffix == "T") mul = double(kGiB) * 1024.0;
+  else if (!suffix.empty()) return 0;
+  return v > 0 ? static_cast<uint64_t>(v * mul) : 0;
+}
+
+uint64_t read_first_u64(const std::string& path) {
+  std::ifstream in(path);
+  std::string s;
+  if (!(in >> s) || s == "max") return 0;
+  try {
+    return std::stoull(s);
+  } catch (...) {
+    return 0;
+  }
+}
+
+}  // namespace
+
+std::string gib(uint64_t bytes) {
+  char buf[32];
+  if (bytes >= kGiB)
+    std::snprintf(buf, sizeof buf, "%.1f GiB", double(bytes) / double(kGiB));
+  else
+    std::snprintf(buf, sizeof buf, "%.0f MiB", double(bytes) / double(kMiB));
+  return buf;
+}
+
+uint64_t memory_limit(std::string* source) {
+  if (const char* e = std::getenv("MM3_MEMORY_LIMIT"); e && *e) {
+    const uint64_t v = parse_size(e);
+    if (!v)
+      throw InvalidInput(fmt::format("MM3_MEMORY_LIMIT='{}' is not a size; give bytes or e.g. 16G, 512M", e));
+    if (source) *source = "MM3_MEMORY_LIMIT";
+    return v;
+  }
+  uint64_t total = 0;
+  {
+    std::ifstream in("/proc/meminfo");
+    std::string key, unit;
+    uint64_t kb = 0;
+    while (in >> key >> kb) {
+      std::getline(in, unit);
+      if (key == "MemTotal:") {
+        total = kb * 1024;
+        break;
+      }
+    }
+  }
+  std::string src = "MemTotal";
+  for (const char* p : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    const uint64_t c = read_first_u64(p);
+    if (c && (total == 0 || c < total)) total = c, src = "cgroup";
+  }
+  if (source) *source = src;
+  return total;
+}
+
+MemoryPlan plan_memory(const Checkpoint& ckpt, int64_t prompt_tokens, int64_t max_frames, DType ar_precision) {
+  MemoryPlan p;
+  const ModelConfigs& c = ckpt.configs();
+  {
+    p.ar_weights = component_file_bytes(ckpt, "language_model") + component_file_bytes(ckpt, "rvq_depth_decoder");
+    const uint64_t el = ar_precision == DType::BF16 ? 2 : 4;
+    const uint64_t positions = static_cast<uint64_t>(std::max<int64_t>(0, prompt_tokens + max_frames));
+    p.ar_cache = 2ull * 2ull * uint64_t(c.lm.num_hidden_layers) * positions * uint64_t(c.lm.num_key_value_heads) *
+                     uint64_t(c.lm.head_dim) * el +
+                 2ull * 2ull * uint64_t(c.depth.num_layers) * uint64_t(c.depth.num_codebooks) *
+                     uint64_t(c.depth.hidden_size) * el;
+    // Prefill scratch: 2 rows x a 256-token chunk x (x, norm, q/k/v/o, gate/up) in fp32, plus a base.
+    const uint64_t H = uint64_t(c.lm.hidden_size), I = uint64_t(c.lm.intermediate_size),
+                   QW = uint64_t(c.lm.num_attention_heads) * uint64_t(c.lm.head_dim);
+    p.ar_work = 64 * kMiB + 2ull * 256ull * (4 * H + 2 * I + 3 * QW) * 4ull;
+  }
+  p.acoustic_weights = component_file_bytes(ckpt, "condition_encoder") + component_file_bytes(ckpt, "transformer") +
+                       component_file_bytes(ckpt, "vocoder");
+  // One window (200 frames -> 689 latents): the vocoder's largest stage activation (channels halve as
+  // the length multiplies by each ratio) held in ~4 buffers, plus the DiT's batch-2 activations.
+  const uint64_t L = 689;
+  uint64_t len = L, ch = uint64_t(c.vocoder.decoder_hidden_dim), largest = ch * len;
+  for (int r : c.vocoder.upsampling_ratios) {
+    len *= uint64_t(std::max(1, r));
+    ch = std::max<uint64_t>(1, ch / 2);
+    largest = std::max(largest, ch * len);
+  }
+  const uint64_t dit = 2ull * (L + 1) * (4ull * uint64_t(c.dit.inner_dim()) + 2ull * uint64_t(c.dit.ff_inner_dim)) * 4ull;
+  p.acoustic_work = 64 * kMiB + 4ull * largest * 4ull + dit;
+  p.limit = memory_limit(&p.limit_source);
+  return p;
+}
+
+bool check_memory(const MemoryPlan& p) {
+  if (p.limit == 0) return false;  // unknown: do not guess
+  auto fail = [&](const char* stage, uint64_t need, const std::string& parts) {
+    throw OutOfMemory(fmt::format(
+        "the {} stage needs about {} ({}) but this machine has {} ({}); use a machine with more memory{}", stage,
+        gib(need), parts, gib(p.limit), p.limit_source,
+        std::string(stage) == "AR" ? ", or a shorter --duration (the KV cache grows with it)" : ""));
+  };
+  if (p.ar() > p.limit)
+    fail("AR", p.ar(),
+         fmt::format("weights {}, KV cache {}, work {}", gib(p.ar_weights), gib(p.ar_cache), gib(p.ar_work)));
+  if (p.acoustic() > p.limit)
+    fail("acoustic", p.acoustic(), fmt::format("weights {}, work {}", gib(p.acoustic_weights), gib(p.acoustic_work)));
+  return p.both() > p.limit;
+}
+
+}  // namespace mm3
