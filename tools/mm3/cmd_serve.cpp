@@ -22,6 +22,7 @@
 #include "commands.h"
 #include "core/errors.h"
 #include "core/log.h"
+#include "download_display.h"
 #include "pipeline/model_resolve.h"
 #include "server/generator.h"
 #include "server/http_server.h"
@@ -50,7 +51,7 @@ struct ServeArgs {
   size_t max_queue = 16;
   size_t max_body = 1 << 20;
   int threads = 0;
-  bool low_memory = false;
+  bool low_memory = false, no_download = false;
   double fake_seconds = -1;
 };
 
@@ -73,9 +74,18 @@ int run_serve(const ServeArgs& a) {
     const double s = a.fake_seconds;
     factory = [s] { return std::unique_ptr<Generator>(new FakeGenerator(s)); };
   } else {
-    if (a.model.empty()) throw InvalidInput("--model is required: a checkpoint folder (diffusers layout)");
-    // Resolve now, so a wrong path fails before the server binds (exit 3) instead of inside the worker.
-    const std::string dir = resolve_model(a.model);
+    if (a.model.empty())
+      throw InvalidInput("--model is required: a checkpoint folder (diffusers layout) or a Hugging Face repo id");
+    // Resolve now (downloading a repo id missing from the HF cache), so a wrong model fails before the
+    // server binds (exit 3) instead of inside the worker.
+    ResolveOptions ropt;
+    ropt.allow_download = !a.no_download;
+    std::string dir;
+    {
+      DownloadDisplay download(a.model, ProgressMode::automatic);
+      ropt.on_download = download.callback();
+      dir = resolve_model(a.model, ropt);
+    }
     sopt.model_name = a.model;
     PipelineOptions popt;
     popt.threads = a.threads;
@@ -131,7 +141,11 @@ int run_serve(const ServeArgs& a) {
 RegisterCommand reg{{"serve", 40,
                      [](CLI::App& sub) -> std::function<int()> {
                        auto a = std::make_shared<ServeArgs>();
-                       sub.add_option("--model", a->model, "checkpoint folder (diffusers componentized layout)");
+                       sub.add_option("--model", a->model,
+                                      "checkpoint folder (diffusers componentized layout), or a Hugging Face repo id "
+                                      "(e.g. MiniMaxAI/MiniMax-Music3): taken from the HF cache, downloaded into it "
+                                      "before the server starts when missing ($HF_TOKEN, $HF_ENDPOINT, $HF_HUB_OFFLINE)");
+                       sub.add_flag("--no-download", a->no_download, "never download the model: the HF cache only");
                        sub.add_option("--host", a->host, "address to listen on (default 127.0.0.1: this machine only)");
                        sub.add_option("--port", a->port, "TCP port (default 8080; 0 = any free port, printed)")
                            ->check(CLI::Range(0, 65535));
