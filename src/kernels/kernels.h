@@ -19,6 +19,7 @@
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
+#include "kernels/quant.h"
 
 namespace mm3::kern {
 
@@ -29,21 +30,33 @@ namespace mm3::kern {
 // A Linear layer's weight in torch layout [out, in] (row n produces output n), stored F32 or BF16
 // (usually a zero-copy view of the checkpoint), plus an optional bias [out] (F32 or BF16).
 // Immutable once built; a backend may attach a prepacked copy at construction (`prepack()`).
+// Or a quantized weight (kernels/quant.h: Int8 / Q4 blocks): then weight() is an empty Tensor and
+// `linear` takes the quantized paths described in quant.h (bias as above).
 class LinearWeight {
  public:
   LinearWeight() = default;
   explicit LinearWeight(Tensor weight, Tensor bias = Tensor());
+  explicit LinearWeight(std::shared_ptr<const QuantMatrix> quant, Tensor bias = Tensor());
   int64_t out_features() const { return out_; }
   int64_t in_features() const { return in_; }
   const Tensor& weight() const { return w_; }
   const Tensor& bias() const { return b_; }
   bool has_bias() const { return !bias_f32_.empty(); }
   const float* bias_f32() const { return bias_f32_.empty() ? nullptr : bias_f32_.data(); }
+  // The quantized form (null for an F32 / BF16 weight).
+  bool quantized() const { return quant_ != nullptr; }
+  const QuantMatrix* quant() const { return quant_.get(); }
+  const std::shared_ptr<const QuantMatrix>& quant_ptr() const { return quant_; }
+  QuantType quant_type() const { return quant_ ? quant_->type() : QuantType::None; }
+  // Bytes one pass over the weight reads (the quantized blocks + scales, or the dense tensor).
+  size_t weight_bytes() const { return quant_ ? quant_->bytes() : w_.nbytes(); }
   // Backend-private prepacked form (e.g. oneDNN blocked bf16); null when not packed.
   std::shared_ptr<const void> packed;
 
  private:
+  void set_bias(Tensor bias);
   Tensor w_, b_;
+  std::shared_ptr<const QuantMatrix> quant_;
   std::vector<float> bias_f32_;
   int64_t out_ = 0, in_ = 0;
 };
@@ -51,6 +64,9 @@ class LinearWeight {
 // y[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]), for m < M. x rows stride ldx >= in, y rows stride
 // ldy >= out. Accumulates in fp32; the result is rounded once to `store`. Small M (decode, M <= 2..4)
 // dispatches to a GEMV that streams each weight row once for all M rows.
+// With a quantized weight (w.quantized()): M <= 4 takes quant.h's decode GEMV (activations quantized
+// per 32-block, VPDPBUSD), M > 4 its prefill path (dequantized panels through the GEMM); the same
+// thread-count independence holds.
 // CPU backend specifics: M <= 4 takes the GEMV, M > 4 a blocked GEMM; the two sum in different
 // (fixed) orders, so a row's bits may differ between an M <= 4 and an M > 4 call. Within a path the
 // result is bitwise deterministic and independent of the pool's thread count. With BF16 weights and

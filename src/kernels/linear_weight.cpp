@@ -5,15 +5,27 @@
 
 namespace mm3::kern {
 
-LinearWeight::LinearWeight(Tensor weight, Tensor bias) : w_(std::move(weight)), b_(std::move(bias)) {
+LinearWeight::LinearWeight(Tensor weight, Tensor bias) : w_(std::move(weight)) {
   if (w_.ndim() != 2 || !w_.is_contiguous() || (w_.dtype() != DType::F32 && w_.dtype() != DType::BF16))
     throw InternalError("LinearWeight: weight must be a contiguous 2-D F32 or BF16 tensor, got " + w_.describe());
   out_ = w_.dim(0);
   in_ = w_.dim(1);
+  set_bias(std::move(bias));
+}
+
+LinearWeight::LinearWeight(std::shared_ptr<const QuantMatrix> quant, Tensor bias) : quant_(std::move(quant)) {
+  if (!quant_) throw InternalError("LinearWeight: null quantized weight");
+  out_ = quant_->rows();
+  in_ = quant_->cols();
+  set_bias(std::move(bias));
+}
+
+void LinearWeight::set_bias(Tensor bias) {
+  b_ = std::move(bias);
   if (b_.raw() == nullptr) b_ = Tensor();
   if (b_.raw() != nullptr) {
     if (b_.ndim() != 1 || b_.dim(0) != out_)
-      throw InternalError("LinearWeight: bias " + b_.describe() + " does not match weight " + w_.describe());
+      throw InternalError(fmt::format("LinearWeight: bias {} does not match weight [{}, {}]", b_.describe(), out_, in_));
     bias_f32_ = b_.to_f32_vector();
   }
 }

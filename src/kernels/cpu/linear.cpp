@@ -333,6 +333,13 @@ void linear(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, cons
   MM3_CHECK(N > 0 && K > 0, "linear: empty weight {}", w.weight().describe());
   MM3_CHECK(M >= 0 && ldx >= K && ldy >= N, "linear: M={} ldx={} ldy={} for weight [{}, {}]", M, ldx, ldy, N, K);
   if (M == 0) return;
+  if (w.quantized()) {  // kernels/quant.h
+    if (M <= kGemvMaxM)
+      detail::quant_gemv(pool, x, M, ldx, *w.quant(), w.bias_f32(), y, ldy, store);
+    else
+      detail::quant_gemm(pool, x, M, ldx, *w.quant(), w.bias_f32(), y, ldy, store);
+    return;
+  }
   if (M <= kGemvMaxM)
     linear_gemv(pool, x, M, ldx, w, y, ldy, store);
   else

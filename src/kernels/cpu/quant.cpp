@@ -1,0 +1,446 @@
+// quant.cpp — the quantized weight formats of kernels/quant.h: the quantizer, dequantization, the
+// decode GEMV (AVX512-VNNI and a portable scalar path doing the very same operations) and the
+// prefill path (dequantized panels through the blocked GEMM of gemm_nt.h).
+//
+// Why VPDPBUSD rather than dequantizing to fp32: with the lane = block layout one instruction does 64
+// multiply-adds of one row and one CFG row, and a superblock (512 weights) needs per row and per m
+// only 8 VPDPBUSD + a convert, a multiply and one or two FMAs, so two cores stay far below their
+// compute limit and the GEMV runs at the memory's speed. Integer sums are exact, which is also why
+// the two int32 chains per (row, m) may be split and joined in any order without changing a bit.
+#pragma GCC optimize("fp-contract=off")
+
+#include "kernels/quant.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+
+#include "core/errors.h"
+#include "kernels/cpu/gemm_nt.h"
+#include "kernels/cpu/simd.h"
+
+namespace mm3::kern {
+
+const char* quant_name(QuantType t) {
+  switch (t) {
+    case QuantType::None: return "none";
+    case QuantType::Int8: return "int8";
+    case QuantType::Q4: return "q4";
+  }
+  return "?";
+}
+
+std::optional<QuantType> quant_from_name(std::string_view s) {
+  if (s == "none" || s == "bf16") return QuantType::None;
+  if (s == "int8" || s == "q8") return QuantType::Int8;
+  if (s == "q4" || s == "int4") return QuantType::Q4;
+  return std::nullopt;
+}
+
+int64_t quant_row_qs_bytes(QuantType t, int64_t K) {
+  MM3_CHECK(t == QuantType::Int8 || t == QuantType::Q4, "quant_row_qs_bytes: type {}", quant_name(t));
+  return t == QuantType::Int8 ? quant_padded_k(K) : quant_padded_k(K) / 2;
+}
+
+int64_t quant_row_scales(QuantType t, int64_t K) {
+  MM3_CHECK(t == QuantType::Int8 || t == QuantType::Q4, "quant_row_scales: type {}", quant_name(t));
+  return quant_padded_k(K) / kQuantBlock * (t == QuantType::Int8 ? 1 : 2);
+}
+
+QuantMatrix::QuantMatrix(QuantType type, int64_t N, int64_t K, Tensor qs, Tensor scales)
+    : type_(type), n_(N), k_(K), kp_(quant_padded_k(K)), qs_(std::move(qs)), sc_(std::move(scales)) {
+  MM3_CHECK(type == QuantType::Int8 || type == QuantType::Q4, "QuantMatrix: type {}", quant_name(type));
+  MM3_CHECK(N > 0 && K > 0, "QuantMatrix: N={} K={}", N, K);
+  row_qs_ = quant_row_qs_bytes(type, K);
+  row_sc_ = quant_row_scales(type, K);
+  MM3_CHECK(qs_.dtype() == DType::I32 && qs_.ndim() == 2 && qs_.dim(0) == N && qs_.dim(1) * 4 == row_qs_ &&
+                qs_.is_contiguous(),
+            "QuantMatrix {}: qs {} does not match [{}, {}] bytes", quant_name(type), qs_.describe(), N, row_qs_);
+  MM3_CHECK(sc_.dtype() == DType::F16 && sc_.ndim() == 2 && sc_.dim(0) == N && sc_.dim(1) == row_sc_ &&
+                sc_.is_contiguous(),
+            "QuantMatrix {}: scales {} does not match F16[{}, {}]", quant_name(type), sc_.describe(), N, row_sc_);
+  qs_bytes_ = static_cast<const uint8_t*>(qs_.raw());
+  scales_ = static_cast<const uint16_t*>(sc_.raw());
+}
+
+namespace {
+
+// Byte offset, inside a superblock of unpacked (one byte per weight) data, of element e of lane l.
+inline int64_t lane_offset(int64_t l, int64_t e) { return 64 * (e / 4) + 4 * l + (e % 4); }
+
+// q (0..15) of element e (0..31) of lane l in a Q4 superblock's 256 bytes.
+inline int q4_code(const uint8_t* sb, int64_t l, int64_t e) {
+  const int64_t u = lane_offset(l, e);  // byte in the unpacked 512
+  const int64_t v = u / 64, j = u % 64;
+  const uint8_t b = sb[64 * (v % 4) + j];
+  return v < 4 ? (b & 0x0F) : (b >> 4);
+}
+
+}  // namespace
+
+float QuantMatrix::value(int64_t n, int64_t k) const {
+  if (k < 0 || k >= k_) return 0.f;
+  const int64_t s = k / kQuantSuper, l = (k % kQuantSuper) / kQuantBlock, e = k % kQuantBlock;
+  const uint16_t* sc = scales_row(n);
+  if (type_ == QuantType::Int8) {
+    const int q = int(qs_row(n)[s * kQuantSuper + lane_offset(l, e)]) - 128;
+    return f16_bits_to_f32(sc[16 * s + l]) * static_cast<float>(q);
+  }
+  const int q = q4_code(qs_row(n) + s * (kQuantSuper / 2), l, e);
+  const float d = f16_bits_to_f32(sc[32 * s + l]), m = f16_bits_to_f32(sc[32 * s + 16 + l]);
+  const float dq = d * static_cast<float>(q);
+  return dq + m;
+}
+
+// ---- quantizer ------------------------------------------------------------------------------------
+
+namespace {
+
+// One row: w[0..K) floats -> qs row, scales row (layout of quant.h).
+void quantize_row(const float* w, int64_t K, QuantType t, uint8_t* qs, uint16_t* sc) {
+  const int64_t Kp = quant_padded_k(K), nblk = Kp / kQuantBlock;
+  for (int64_t b = 0; b < nblk; ++b) {
+    const int64_t s = b / kQuantLanes, l = b % kQuantLanes, k0 = b * kQuantBlock;
+    const int64_t kn = std::clamp<int64_t>(K - k0, 0, kQuantBlock);  // real elements of the block
+    if (t == QuantType::Int8) {
+      uint8_t* sb = qs + s * kQuantSuper;
+      float amax = 0.f;
+      for (int64_t e = 0; e < kn; ++e) amax = std::max(amax, std::fabs(w[k0 + e]));
+      const uint16_t dh = f32_to_f16_bits(amax / 127.f);
+      const float d = f16_bits_to_f32(dh);
+      sc[16 * s + l] = dh;
+      for (int64_t e = 0; e < kQuantBlock; ++e) {
+        int q = 0;
+        if (e < kn && d != 0.f) q = static_cast<int>(std::clamp(std::nearbyint(w[k0 + e] / d), -127.f, 127.f));
+        sb[lane_offset(l, e)] = static_cast<uint8_t>(q + 128);
+      }
+    } else {
+      uint8_t* sb = qs + s * (kQuantSuper / 2);
+      float lo = 0.f, hi = 0.f;
+      if (kn > 0) lo = hi = w[k0];
+      for (int64_t e = 1; e < kn; ++e) lo = std::min(lo, w[k0 + e]), hi = std::max(hi, w[k0 + e]);
+      const uint16_t mh = f32_to_f16_bits(lo);
+      const float m = f16_bits_to_f32(mh);
+      const uint16_t dh = f32_to_f16_bits((hi - m) / 15.f);
+      const float d = f16_bits_to_f32(dh);
+      sc[32 * s + l] = dh;
+      sc[32 * s + 16 + l] = mh;
+      for (int64_t e = 0; e < kQuantBlock; ++e) {
+        int q = 0;
+        if (e < kn && d != 0.f) q = static_cast<int>(std::clamp(std::nearbyint((w[k0 + e] - m) / d), 0.f, 15.f));
+        const int64_t u = lane_offset(l, e), v = u / 64, j = u % 64;
+        uint8_t& byte = sb[64 * (v % 4) + j];
+        byte = v < 4 ? uint8_t((byte & 0xF0) | q) : uint8_t((byte & 0x0F) | (q << 4));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<const QuantMatrix> quantize_weight(const ThreadPool& pool, const Tensor& w, QuantType type) {
+  if (type != QuantType::Int8 && type != QuantType::Q4)
+    throw InternalError(fmt::format("quantize_weight: type {}", quant_name(type)));
+  if (w.ndim() != 2 || (w.dtype() != DType::F32 && w.dtype() != DType::BF16) || w.strides()[1] != 1)
+    throw InternalError("quantize_weight: need a 2-D F32/BF16 weight with contiguous rows, got " + w.describe());
+  const int64_t N = w.dim(0), K = w.dim(1), ld = w.strides()[0];
+  const int64_t rq = quant_row_qs_bytes(type, K), rs = quant_row_scales(type, K);
+  Tensor qs = Tensor::zeros(DType::I32, {N, rq / 4});
+  Tensor sc = Tensor::zeros(DType::F16, {N, rs});
+  uint8_t* qb = static_cast<uint8_t*>(qs.raw());
+  uint16_t* sb = static_cast<uint16_t*>(sc.raw());
+  const bool wb = w.dtype() == DType::BF16;
+  const void* wp = w.raw();
+  std::atomic<int64_t> bad_row{-1};  // a row holding a non-finite value (reported after the loop)
+  pool.parallel_for(
+      N,
+      [&](int64_t n0, int64_t n1) {
+        std::vector<float> row(static_cast<size_t>(K));
+        for (int64_t n = n0; n < n1; ++n) {
+          if (wb) {
+            bf16_to_f32(static_cast<const uint16_t*>(wp) + n * ld, row.data(), static_cast<size_t>(K));
+          } else {
+            std::memcpy(row.data(), static_cast<const float*>(wp) + n * ld, sizeof(float) * size_t(K));
+          }
+          bool finite = true;
+          for (float v : row) finite &= std::isfinite(v);
+          if (!finite) {
+            bad_row.store(n);
+            continue;
+          }
+          quantize_row(row.data(), K, type, qb + n * rq, sb + n * rs);
+        }
+      },
+      16);
+  if (bad_row.load() >= 0)
+    throw InvalidInput(fmt::format("quantize_weight: {} row {} holds a non-finite value", w.describe(), bad_row.load()));
+  return std::make_shared<const QuantMatrix>(type, N, K, std::move(qs), std::move(sc));
+}
+
+void dequantize_rows(const QuantMatrix& q, int64_t n0, int64_t n1, float* out, int64_t ldo) {
+  const int64_t K = q.cols(), S = q.superblocks();
+  for (int64_t n = n0; n < n1; ++n) {
+    float* o = out + (n - n0) * ldo;
+    const uint16_t* sc = q.scales_row(n);
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t l = 0; l < kQuantLanes; ++l) {
+        const int64_t k0 = s * kQuantSuper + l * kQuantBlock;
+        if (k0 >= K) break;
+        const int64_t kn = std::min<int64_t>(kQuantBlock, K - k0);
+        if (q.type() == QuantType::Int8) {
+          const uint8_t* sb = q.qs_row(n) + s * kQuantSuper;
+          const float d = f16_bits_to_f32(sc[16 * s + l]);
+          for (int64_t e = 0; e < kn; ++e) o[k0 + e] = d * static_cast<float>(int(sb[lane_offset(l, e)]) - 128);
+        } else {
+          const uint8_t* sb = q.qs_row(n) + s * (kQuantSuper / 2);
+          const float d = f16_bits_to_f32(sc[32 * s + l]), m = f16_bits_to_f32(sc[32 * s + 16 + l]);
+          for (int64_t e = 0; e < kn; ++e) {
+            const float dq = d * static_cast<float>(q4_code(sb, l, e));
+            o[k0 + e] = dq + m;
+          }
+        }
+      }
+  }
+}
+
+namespace detail {
+
+// ---- activations ----------------------------------------------------------------------------------
+
+void quantize_acts(const float* x, int64_t M, int64_t ldx, int64_t K, QuantActs& a) {
+  const int64_t Kp = quant_padded_k(K), nblk = Kp / kQuantBlock;
+  a.M = M;
+  a.Kp = Kp;
+  a.xq.assign(static_cast<size_t>(M * Kp), 0);
+  a.dx.assign(static_cast<size_t>(M * nblk), 0.f);
+  a.corr.assign(static_cast<size_t>(M * nblk), 0);
+  a.sxdx.assign(static_cast<size_t>(M * nblk), 0.f);
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = x + m * ldx;
+    int8_t* q = a.xq.data() + m * Kp;
+    for (int64_t b = 0; b < nblk; ++b) {
+      const int64_t k0 = b * kQuantBlock, kn = std::clamp<int64_t>(K - k0, 0, kQuantBlock);
+      const int64_t s = b / kQuantLanes, l = b % kQuantLanes;
+      float amax = 0.f;
+      for (int64_t e = 0; e < kn; ++e) amax = std::max(amax, std::fabs(xr[k0 + e]));
+      if (amax == 0.f) continue;  // dx = 0, xq = 0
+      const float dx = amax / 127.f, ix = 127.f / amax;
+      int32_t sx = 0;
+      for (int64_t e = 0; e < kn; ++e) {
+        const int v = static_cast<int>(std::clamp(std::nearbyint(xr[k0 + e] * ix), -127.f, 127.f));
+        q[s * kQuantSuper + lane_offset(l, e)] = static_cast<int8_t>(v);
+        sx += v;
+      }
+      a.dx[size_t(m * nblk + b)] = dx;
+      a.corr[size_t(m * nblk + b)] = -128 * sx;
+      a.sxdx[size_t(m * nblk + b)] = dx * static_cast<float>(sx);
+    }
+  }
+}
+
+namespace {
+
+// The fixed lane tree of quant.h.
+inline float lane_tree(const float* acc) {
+  float t8[8], t4[4], t2[2];
+  for (int i = 0; i < 8; ++i) t8[i] = acc[i] + acc[i + 8];
+  for (int i = 0; i < 4; ++i) t4[i] = t8[i] + t8[i + 4];
+  for (int i = 0; i < 2; ++i) t2[i] = t4[i] + t4[i + 2];
+  return t2[0] + t2[1];
+}
+
+// ---- portable scalar path: out[m * N + n] = r (before bias) for n in [n0, n1) ----
+void gemv_scalar(const QuantActs& a, const QuantMatrix& w, int64_t n0, int64_t n1, float* out, int64_t N) {
+  const int64_t S = w.superblocks(), nblk = a.Kp / kQuantBlock;
+  const bool i8 = w.type() == QuantType::Int8;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* qr = w.qs_row(n);
+    const uint16_t* sc = w.scales_row(n);
+    for (int64_t m = 0; m < a.M; ++m) {
+      const int8_t* xq = a.xq.data() + m * a.Kp;
+      float acc[16] = {0};
+      for (int64_t s = 0; s < S; ++s) {
+        const int8_t* xs = xq + s * kQuantSuper;
+        for (int l = 0; l < 16; ++l) {
+          const int64_t b = s * 16 + l;
+          int32_t isum = 0;
+          if (i8) {
+            const uint8_t* ws = qr + s * kQuantSuper;
+            for (int e = 0; e < 32; ++e) {
+              const int64_t o = lane_offset(l, e);
+              isum += int32_t(ws[o]) * int32_t(xs[o]);
+            }
+            isum += a.corr[size_t(m * nblk + b)];
+          } else {
+            const uint8_t* ws = qr + s * (kQuantSuper / 2);
+            for (int e = 0; e < 32; ++e) isum += int32_t(q4_code(ws, l, e)) * int32_t(xs[lane_offset(l, e)]);
+          }
+          const float d = f16_bits_to_f32(sc[(i8 ? 16 : 32) * s + l]);
+          const float dd = d * a.dx[size_t(m * nblk + b)];
+          acc[l] = std::fma(static_cast<float>(isum), dd, acc[l]);
+          if (!i8) acc[l] = std::fma(f16_bits_to_f32(sc[32 * s + 16 + l]), a.sxdx[size_t(m * nblk + b)], acc[l]);
+        }
+      }
+      out[m * N + n] = lane_tree(acc);
+    }
+  }
+}
+
+// ---- AVX512-VNNI path ----
+
+#define MM3_Q_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c")))
+
+MM3_Q_TARGET inline float lane_tree_v(__m512 acc) {
+  const __m256 t8 = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
+  const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
+  const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));               // lanes 0, 1: t4_0 + t4_2, t4_1 + t4_3
+  return _mm_cvtss_f32(_mm_add_ss(t2, _mm_movehdup_ps(t2)));              // t2_0 + t2_1
+}
+
+// NB rows n..n+NB-1, M activation rows.
+template <int M, int NB, bool I8>
+MM3_Q_TARGET inline void gemv_rows_vnni(const QuantActs& a, const QuantMatrix& w, int64_t n, float* out, int64_t N) {
+  const int64_t S = w.superblocks(), nblk = a.Kp / kQuantBlock;
+  __m512 acc[NB][M];
+  for (int r = 0; r < NB; ++r)
+    for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
+  const uint8_t* qr[NB];
+  const uint16_t* sc[NB];
+  for (int r = 0; r < NB; ++r) qr[r] = w.qs_row(n + r), sc[r] = w.scales_row(n + r);
+  const __m512i lo4 = _mm512_set1_epi8(0x0F);
+  for (int64_t s = 0; s < S; ++s) {
+    for (int r = 0; r < NB; ++r) {
+      __m512i wv[8];
+      if constexpr (I8) {
+        const uint8_t* p = qr[r] + s * kQuantSuper;
+        _mm_prefetch(reinterpret_cast<const char*>(p) + 4096, _MM_HINT_T0);
+        for (int v = 0; v < 8; ++v) wv[v] = _mm512_loadu_si512(p + 64 * v);
+      } else {
+        const uint8_t* p = qr[r] + s * (kQuantSuper / 2);
+        _mm_prefetch(reinterpret_cast<const char*>(p) + 2048, _MM_HINT_T0);
+        for (int c = 0; c < 4; ++c) {
+          const __m512i b = _mm512_loadu_si512(p + 64 * c);
+          wv[c] = _mm512_and_si512(b, lo4);
+          wv[c + 4] = _mm512_and_si512(_mm512_srli_epi16(b, 4), lo4);
+        }
+      }
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[r] + (I8 ? 16 : 32) * s)));
+      __m512 mn = _mm512_setzero_ps();
+      if constexpr (!I8)
+        mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[r] + 32 * s + 16)));
+      for (int m = 0; m < M; ++m) {
+        const int8_t* xs = a.xq.data() + m * a.Kp + s * kQuantSuper;
+        const size_t bi = size_t(m * nblk + s * 16);
+        __m512i ia = I8 ? _mm512_loadu_si512(a.corr.data() + bi) : _mm512_setzero_si512();
+        __m512i ib = _mm512_setzero_si512();
+        for (int v = 0; v < 4; ++v) {
+          ia = _mm512_dpbusd_epi32(ia, wv[v], _mm512_loadu_si512(xs + 64 * v));
+          ib = _mm512_dpbusd_epi32(ib, wv[v + 4], _mm512_loadu_si512(xs + 64 * (v + 4)));
+        }
+        const __m512i isum = _mm512_add_epi32(ia, ib);
+        const __m512 dd = _mm512_mul_ps(d, _mm512_loadu_ps(a.dx.data() + bi));
+        acc[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), dd, acc[r][m]);
+        if constexpr (!I8) acc[r][m] = _mm512_fmadd_ps(mn, _mm512_loadu_ps(a.sxdx.data() + bi), acc[r][m]);
+      }
+    }
+  }
+  for (int r = 0; r < NB; ++r)
+    for (int m = 0; m < M; ++m) out[m * N + n + r] = lane_tree_v(acc[r][m]);
+}
+
+template <int M, bool I8>
+MM3_Q_TARGET void gemv_vnni(const QuantActs& a, const QuantMatrix& w, int64_t n0, int64_t n1, float* out, int64_t N) {
+  constexpr int NB = M <= 2 ? 4 : 2;
+  int64_t n = n0;
+  for (; n + NB <= n1; n += NB) gemv_rows_vnni<M, NB, I8>(a, w, n, out, N);
+  for (; n < n1; ++n) gemv_rows_vnni<M, 1, I8>(a, w, n, out, N);
+}
+
+using GemvFn = void (*)(const QuantActs&, const QuantMatrix&, int64_t, int64_t, float*, int64_t);
+
+template <bool I8>
+GemvFn pick_vnni(int64_t M) {
+  switch (M) {
+    case 1: return gemv_vnni<1, I8>;
+    case 2: return gemv_vnni<2, I8>;
+    case 3: return gemv_vnni<3, I8>;
+    default: return gemv_vnni<4, I8>;
+  }
+}
+
+bool cpu_has_vnni() {
+  static const bool v = cpu_has_avx512() && __builtin_cpu_supports("avx512vnni");
+  return v;
+}
+
+}  // namespace
+
+bool quant_isa_available(QuantIsa isa) {
+  switch (isa) {
+    case QuantIsa::Auto:
+    case QuantIsa::Scalar: return true;
+    case QuantIsa::Avx512Vnni: return cpu_has_vnni();
+  }
+  return false;
+}
+
+void quant_gemv(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const QuantMatrix& w,
+                const float* bias, float* y, int64_t ldy, DType store, QuantIsa isa) {
+  const int64_t N = w.rows(), K = w.cols();
+  MM3_CHECK(M >= 1 && M <= 4 && ldx >= K && ldy >= N, "quant_gemv: M={} ldx={} ldy={} for [{}, {}]", M, ldx, ldy, N, K);
+  if (isa == QuantIsa::Auto) isa = cpu_has_vnni() ? QuantIsa::Avx512Vnni : QuantIsa::Scalar;
+  MM3_CHECK(quant_isa_available(isa), "quant_gemv: the requested ISA is not available on this CPU");
+  QuantActs a;
+  quantize_acts(x, M, ldx, K, a);
+  std::vector<float> sums(static_cast<size_t>(M * N));
+  const bool i8 = w.type() == QuantType::Int8;
+  GemvFn fn = isa == QuantIsa::Scalar ? gemv_scalar : (i8 ? pick_vnni<true>(M) : pick_vnni<false>(M));
+  const int64_t row_bytes = w.row_qs_bytes() + 2 * w.row_scales();
+  const int64_t min_rows = std::max<int64_t>(1, (64 * 1024) / row_bytes);
+  pool.parallel_for(
+      N,
+      [&](int64_t n0, int64_t n1) {
+        fn(a, w, n0, n1, sums.data(), N);
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = n0; n < n1; ++n) {
+            const float r = sums[size_t(m * N + n)];
+            y[m * ldy + n] = round_store(bias ? r + bias[n] : r, store);
+          }
+      },
+      min_rows);
+}
+
+void quant_gemm(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const QuantMatrix& w,
+                const float* bias, float* y, int64_t ldy, DType store) {
+  const int64_t N = w.rows(), K = w.cols();
+  MM3_CHECK(M >= 0 && ldx >= K && ldy >= N, "quant_gemm: M={} ldx={} ldy={} for [{}, {}]", M, ldx, ldy, N, K);
+  if (M == 0) return;
+  const bool bf16 = store == DType::BF16;  // gemm_nt falls back to fp32 FMAs without AVX512-BF16
+  // Panels of ~4 MiB of dequantized weights, a multiple of the GEMM's 128-column panels.
+  const int64_t elt = bf16 ? 2 : 4;
+  const int64_t np = std::clamp<int64_t>((4 << 20) / (K * elt) / 128 * 128, 128, std::max<int64_t>(128, N));
+  std::vector<float> pf(static_cast<size_t>(std::min(np, N) * K));
+  std::vector<uint16_t> ph(bf16 ? pf.size() : 0);
+  for (int64_t n0 = 0; n0 < N; n0 += np) {
+    const int64_t n1 = std::min(N, n0 + np);
+    pool.parallel_for(
+        n1 - n0,
+        [&](int64_t a, int64_t b) {
+          dequantize_rows(w, n0 + a, n0 + b, pf.data() + a * K, K);
+          if (bf16) f32_to_bf16(pf.data() + a * K, ph.data() + a * K, static_cast<size_t>((b - a) * K));
+        },
+        std::max<int64_t>(1, 16384 / K));
+    if (bf16)
+      gemm_nt(pool, x, ldx, M, ph.data(), DType::BF16, K, n1 - n0, K, bias ? bias + n0 : nullptr, y + n0, ldy, store,
+              true);
+    else
+      gemm_nt(pool, x, ldx, M, pf.data(), DType::F32, K, n1 - n0, K, bias ? bias + n0 : nullptr, y + n0, ldy, store,
+              false);
+  }
+}
+
+}  // namespace detail
+}  // namespace mm3::kern

@@ -1,0 +1,281 @@
+// kernels_quant.cpp — the quantized weight formats and kernels (kernels/quant.h) against their scalar
+// twins (ref/ref_quant.h): quantizer bytes, dequantization, the decode GEMV (AVX512-VNNI and scalar
+// paths, bitwise equal to each other, within fp32 summation error of the double-accumulating twin),
+// the prefill path, kern::linear's dispatch, and the determinism contract (thread count, repeat).
+// Odd sizes everywhere: K not a multiple of 32 or 512, N not a multiple of the 4-row groups.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include "kernels/quant.h"
+#include "kernels/ref/ref_quant.h"
+#include "kernels_util.h"
+
+namespace mm3 {
+namespace {
+
+using kern::QuantMatrix;
+using kern::QuantType;
+using kern::detail::QuantIsa;
+using test::Guarded;
+using test::Rng;
+
+constexpr QuantType kTypes[] = {QuantType::Int8, QuantType::Q4};
+
+// A weight with a spread of block magnitudes (and an all-zero block, and a constant block) so that
+// scales, minima and the zero-scale path are all exercised.
+Tensor make_weight(Rng& rng, int64_t N, int64_t K, DType dt) {
+  std::vector<float> w(static_cast<size_t>(N * K));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t b = k / 32;
+      float v = rng.uni(-1.f, 1.f) * std::ldexp(1.f, static_cast<int>((n * 7 + b * 3) % 9) - 6);
+      if ((n + b) % 11 == 5) v = 0.f;          // zero block
+      if ((n + b) % 13 == 7) v = 0.375f;       // constant block (d = 0 for Q4)
+      w[size_t(n * K + k)] = v;
+    }
+  Tensor t = Tensor::from_f32(w, {N, K});
+  return dt == DType::BF16 ? t.to(DType::BF16) : t;
+}
+
+std::vector<float> make_x(Rng& rng, int64_t M, int64_t ldx, bool bf16) {
+  std::vector<float> x = rng.vec(static_cast<size_t>(M * ldx), -2.f, 2.f, bf16);
+  // A few zero blocks in the activations (dx = 0 path).
+  for (int64_t i = 0; i < std::min<int64_t>(32, M * ldx); ++i) x[size_t(i)] = 0.f;
+  return x;
+}
+
+bool same_bytes(const QuantMatrix& a, const QuantMatrix& b) {
+  return a.qs().nbytes() == b.qs().nbytes() && a.scales().nbytes() == b.scales().nbytes() &&
+         std::memcmp(a.qs().raw(), b.qs().raw(), a.qs().nbytes()) == 0 &&
+         std::memcmp(a.scales().raw(), b.scales().raw(), a.scales().nbytes()) == 0;
+}
+
+// Elements whose bits differ between two outputs of the same layout.
+int64_t bit_diffs(const Guarded& a, const Guarded& b, int64_t rows, int64_t cols) {
+  int64_t n = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) n += f32_bits(a.at(r, c)) != f32_bits(b.at(r, c));
+  return n;
+}
+
+struct Size {
+  int64_t N, K;
+};
+const Size kSizes[] = {{1, 1}, {3, 31}, {7, 33}, {29, 100}, {5, 511}, {4, 512}, {9, 513}, {17, 1037}, {2, 1536}};
+
+TEST(KernelsQuant, QuantizerMatchesRefBytes) {
+  ThreadPool pool(2);
+  Rng rng(3);
+  for (QuantType t : kTypes)
+    for (DType dt : {DType::F32, DType::BF16})
+      for (const Size& s : kSizes) {
+        SCOPED_TRACE(::testing::Message() << kern::quant_name(t) << " " << dtype_name(dt) << " N=" << s.N << " K=" << s.K);
+        const Tensor w = make_weight(rng, s.N, s.K, dt);
+        auto q = kern::quantize_weight(pool, w, t);
+        auto r = ref::quantize_weight(w, t);
+        ASSERT_EQ(q->rows(), s.N);
+        ASSERT_EQ(q->cols(), s.K);
+        ASSERT_EQ(q->padded_cols() % 512, 0);
+        EXPECT_TRUE(same_bytes(*q, *r)) << "quantizer bytes differ from the ref twin";
+      }
+}
+
+// The stored values: the reference decode, QuantMatrix::value and dequantize_rows agree exactly, and
+// each value is within half a quantization step of the weight (the format's error bound).
+TEST(KernelsQuant, DequantizeMatchesRefAndErrorBound) {
+  ThreadPool pool(2);
+  Rng rng(4);
+  for (QuantType t : kTypes)
+    for (const Size& s : kSizes) {
+      SCOPED_TRACE(::testing::Message() << kern::quant_name(t) << " N=" << s.N << " K=" << s.K);
+      const Tensor w = make_weight(rng, s.N, s.K, DType::F32);
+      const float* wf = w.data<float>();
+      auto q = kern::quantize_weight(pool, w, t);
+      const int64_t ld = s.K + 3;
+      Guarded out(s.N, s.K, ld);
+      kern::dequantize_rows(*q, 0, s.N, out.data(), ld);
+      EXPECT_EQ(out.touched_outside(), 0);
+      int64_t bad = 0;
+      for (int64_t n = 0; n < s.N; ++n)
+        for (int64_t k = 0; k < s.K; ++k) {
+          const float v = ref::quant_value(*q, n, k);
+          bad += f32_bits(out.at(n, k)) != f32_bits(v) || f32_bits(q->value(n, k)) != f32_bits(v);
+          // half a step: step = amax/127 (Int8) or (max - min)/15 (Q4) of the block, plus fp16 rounding.
+          double lo = 1e30, hi = -1e30, amax = 0;
+          for (int64_t j = (k / 32) * 32; j < std::min<int64_t>(s.K, (k / 32) * 32 + 32); ++j) {
+            lo = std::min<double>(lo, wf[n * s.K + j]);
+            hi = std::max<double>(hi, wf[n * s.K + j]);
+            amax = std::max<double>(amax, std::fabs(wf[n * s.K + j]));
+          }
+          const double step = t == QuantType::Int8 ? amax / 127 : (hi - lo) / 15;
+          const double tol = 0.5 * step * (1 + 2e-3) + 1e-3 * amax + 1e-7;
+          if (std::fabs(double(v) - wf[n * s.K + k]) > tol) {
+            if (bad < 5) ADD_FAILURE() << "w[" << n << "," << k << "]=" << wf[n * s.K + k] << " stored " << v;
+            ++bad;
+          }
+        }
+      EXPECT_EQ(bad, 0);
+    }
+}
+
+// fp32 summation bound of the decode product: each lane is an FMA chain over S superblocks plus a
+// 4-level tree, the integer part is exact; a few ulps of sum |terms| per step.
+double gemv_tol(const QuantMatrix& q, const float* xr, int64_t n, double e, DType store, bool prefill) {
+  double s = 0;
+  for (int64_t k = 0; k < q.cols(); ++k) s += std::fabs(double(q.value(n, k)) * xr[k]) * (1 + 1.0 / 64);
+  const double steps = prefill ? double(q.cols()) : double(q.superblocks() * 2 + 8);
+  double t = (steps + 4) * test::kEps32 * s + 1e-30;
+  if (store == DType::BF16) t += test::bf16_ulp(static_cast<float>(e));
+  return t;
+}
+
+void check_gemv(const ThreadPool& pool, QuantType t, int64_t M, const Size& s, DType store, bool with_bias, Rng& rng) {
+  SCOPED_TRACE(::testing::Message() << kern::quant_name(t) << " M=" << M << " N=" << s.N << " K=" << s.K
+                                    << " store=" << test::store_name(store) << " bias=" << with_bias);
+  const Tensor w = make_weight(rng, s.N, s.K, DType::BF16);
+  auto q = kern::quantize_weight(pool, w, t);
+  const int64_t ldx = s.K + 5, ldy = s.N + 3;
+  const std::vector<float> x = make_x(rng, M, ldx, store == DType::BF16);
+  std::vector<float> bias = rng.vec(static_cast<size_t>(s.N), -1.f, 1.f, true);
+  const float* b = with_bias ? bias.data() : nullptr;
+  std::vector<float> ref(static_cast<size_t>(M * s.N));
+  ref::quant_linear(x.data(), M, ldx, *q, b, ref.data(), s.N, store);
+
+  std::vector<Guarded> outs;
+  std::vector<QuantIsa> isas = {QuantIsa::Scalar};
+  if (kern::detail::quant_isa_available(QuantIsa::Avx512Vnni)) isas.push_back(QuantIsa::Avx512Vnni);
+  for (QuantIsa isa : isas) {
+    outs.emplace_back(M, s.N, ldy);
+    Guarded& y = outs.back();
+    if (M <= 4)
+      kern::detail::quant_gemv(pool, x.data(), M, ldx, *q, b, y.data(), ldy, store, isa);
+    else
+      kern::detail::quant_gemm(pool, x.data(), M, ldx, *q, b, y.data(), ldy, store);
+    EXPECT_EQ(y.touched_outside(), 0);
+    EXPECT_EQ(y.untouched_inside(), 0);
+    const int64_t bad = test::count_violations("quant linear", y.data(), ldy, ref.data(), M, s.N,
+                                               [&](int64_t m, int64_t n, float e) {
+                                                 return gemv_tol(*q, x.data() + m * ldx, n, e, store, M > 4) +
+                                                        (b ? test::kEps32 * std::fabs(b[n]) : 0.0);
+                                               });
+    EXPECT_EQ(bad, 0) << "isa " << int(isa);
+    if (store == DType::BF16) {
+      EXPECT_EQ(test::count_non_bf16(y.data(), ldy, M, s.N), 0);
+    }
+  }
+  if (outs.size() == 2 && M <= 4) {
+    EXPECT_EQ(bit_diffs(outs[0], outs[1], M, s.N), 0)
+        << "scalar and AVX512-VNNI paths must give the same bits";
+  }
+  // kern::linear with a quantized LinearWeight dispatches to these paths.
+  const kern::LinearWeight lw(q, with_bias ? Tensor::from_f32(bias, {s.N}) : Tensor());
+  Guarded z(M, s.N, ldy);
+  kern::linear(pool, x.data(), M, ldx, lw, z.data(), ldy, store);
+  EXPECT_EQ(bit_diffs(z, outs.back(), M, s.N), 0) << "kern::linear dispatch";
+}
+
+TEST(KernelsQuant, GemvMatchesRefBothIsas) {
+  ThreadPool pool(2);
+  Rng rng(5);
+  for (QuantType t : kTypes)
+    for (int64_t M : {1, 2, 3, 4})
+      for (const Size& s : {Size{1, 1}, Size{3, 31}, Size{29, 100}, Size{9, 513}, Size{33, 1037}, Size{6, 2048}})
+        for (DType store : {DType::F32, DType::BF16}) check_gemv(pool, t, M, s, store, (M + s.N) % 2 == 0, rng);
+}
+
+TEST(KernelsQuant, PrefillMatchesRef) {
+  ThreadPool pool(2);
+  Rng rng(6);
+  for (QuantType t : kTypes)
+    for (int64_t M : {5, 7, 37})
+      for (const Size& s : {Size{3, 31}, Size{29, 100}, Size{130, 513}, Size{300, 64}})
+        for (DType store : {DType::F32, DType::BF16}) check_gemv(pool, t, M, s, store, M == 7, rng);
+}
+
+// Same call twice is bitwise equal, and so is the result with 1 and 2 threads, on every path. N = 250
+// (2-thread chunks of 125 rows do not split into 4-row groups as one chunk does). The data make the
+// fp32 order visible: the activations of each row span 2^-12..2^12 across blocks, and the last
+// superblock's lanes nearly cancel the sum of the first ones.
+TEST(KernelsQuant, DeterministicAndThreadCountIndependent) {
+  ThreadPool p1(1), p2(2);
+  Rng rng(77);
+  const int64_t N = 250, K = 1037;
+  for (QuantType t : kTypes) {
+    const Tensor w = make_weight(rng, N, K, DType::F32);
+    auto q = kern::quantize_weight(p2, w, t);
+    auto q1 = kern::quantize_weight(p1, w, t);
+    EXPECT_TRUE(same_bytes(*q, *q1)) << "quantizer depends on the thread count";
+    const kern::LinearWeight lw(q);
+    for (int64_t M : {1, 2, 3, 4, 6, 40}) {
+      SCOPED_TRACE(::testing::Message() << kern::quant_name(t) << " M=" << M);
+      std::vector<float> x = rng.vec(static_cast<size_t>(M * K), -1.f, 1.f, true);
+      for (int64_t i = 0; i < M * K; ++i) x[size_t(i)] = std::ldexp(x[size_t(i)], int((i / 32) % 25) - 12);
+      for (DType store : {DType::F32, DType::BF16}) {
+        std::vector<float> a(static_cast<size_t>(M * N)), b(a.size()), c(a.size());
+        kern::linear(p2, x.data(), M, K, lw, a.data(), N, store);
+        kern::linear(p2, x.data(), M, K, lw, b.data(), N, store);
+        kern::linear(p1, x.data(), M, K, lw, c.data(), N, store);
+        EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "two identical calls differ";
+        EXPECT_EQ(std::memcmp(a.data(), c.data(), a.size() * 4), 0) << "1 and 2 threads differ";
+        if (M <= 4) {
+          std::vector<float> d(a.size());
+          kern::detail::quant_gemv(p1, x.data(), M, K, *q, nullptr, d.data(), N, store, QuantIsa::Scalar);
+          EXPECT_EQ(std::memcmp(a.data(), d.data(), a.size() * 4), 0) << "scalar path differs";
+        }
+      }
+    }
+  }
+}
+
+// The approximation itself: against the exact fp32 product of the original weights, int8 stays
+// within ~1 % and q4 within ~10 % relative RMS on Gaussian-like data (smoke bound, not a gate).
+TEST(KernelsQuant, ApproximatesTheDenseProduct) {
+  ThreadPool pool(2);
+  Rng rng(8);
+  const int64_t N = 64, K = 4096, M = 2;
+  std::vector<float> wv(static_cast<size_t>(N * K));
+  for (auto& v : wv) v = (rng.uni(-1, 1) + rng.uni(-1, 1) + rng.uni(-1, 1)) * 0.02f;
+  const Tensor w = Tensor::from_f32(wv, {N, K});
+  std::vector<float> x(static_cast<size_t>(M * K));
+  for (auto& v : x) v = round_bf16(rng.uni(-1, 1) + rng.uni(-1, 1));
+  std::vector<double> exact(static_cast<size_t>(M * N));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k) s += double(x[size_t(m * K + k)]) * wv[size_t(n * K + k)];
+      exact[size_t(m * N + n)] = s;
+    }
+  for (QuantType t : kTypes) {
+    const kern::LinearWeight lw(kern::quantize_weight(pool, w, t));
+    std::vector<float> y(static_cast<size_t>(M * N));
+    kern::linear(pool, x.data(), M, K, lw, y.data(), N, DType::F32);
+    double se = 0, sr = 0;
+    for (size_t i = 0; i < y.size(); ++i) se += (y[i] - exact[i]) * (y[i] - exact[i]), sr += exact[i] * exact[i];
+    const double rel = std::sqrt(se / sr);
+    EXPECT_LT(rel, t == QuantType::Int8 ? 0.01 : 0.10) << kern::quant_name(t);
+    std::printf("[          ] %s rel_rms vs dense fp32: %.4g\n", kern::quant_name(t), rel);
+  }
+}
+
+TEST(KernelsQuant, RejectsMismatchedTensors) {
+  Tensor qs = Tensor::zeros(DType::I32, {3, 512 / 4});
+  Tensor sc = Tensor::zeros(DType::F16, {3, 16});
+  EXPECT_NO_THROW(QuantMatrix(QuantType::Int8, 3, 100, qs, sc));
+  EXPECT_THROW(QuantMatrix(QuantType::Q4, 3, 100, qs, sc), InternalError);     // q4 rows are 256 bytes
+  EXPECT_THROW(QuantMatrix(QuantType::Int8, 4, 100, qs, sc), InternalError);   // rows
+  EXPECT_THROW(QuantMatrix(QuantType::Int8, 3, 600, qs, sc), InternalError);   // Kp 1024
+  EXPECT_THROW(QuantMatrix(QuantType::Int8, 3, 100, qs, Tensor::zeros(DType::F32, {3, 16})), InternalError);
+  ThreadPool pool(1);
+  std::vector<float> bad = {1.f, NAN, 0.f, 2.f};
+  EXPECT_THROW(kern::quantize_weight(pool, Tensor::from_f32(bad, {2, 2}), QuantType::Int8), InvalidInput);
+  EXPECT_EQ(kern::quant_from_name("q4"), QuantType::Q4);
+  EXPECT_EQ(kern::quant_from_name("int8"), QuantType::Int8);
+  EXPECT_FALSE(kern::quant_from_name("int3").has_value());
+}
+
+}  // namespace
+}  // namespace mm3
