@@ -68,7 +68,17 @@ void LmScratch::reserve(const LmConfig& c, int64_t rows_, int64_t chunk_) {
   pos.resize(chunk);
 }
 
-Qwen3Lm::Qwen3Lm(const TensorStore& store, const LmConfig& cfg) : cfg_(cfg) {
+namespace {
+// Sidecar keys of the two sampleable head slices.
+const std::string kHeadEndKey = fmt::format("lm_head.weight[{}:{}]", kAudioEndToken, kAudioEndToken + 1);
+const std::string kHeadCodesKey =
+    fmt::format("lm_head.weight[{}:{}]", kAudioCodeOffset, kAudioCodeOffset + kNumSemanticCodes);
+const char* const kLayerLinears[7] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                                      "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+}  // namespace
+
+Qwen3Lm::Qwen3Lm(const TensorStore& store, const LmConfig& cfg, const QuantLoad& quant)
+    : cfg_(cfg), quant_(quant.type) {
   const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, D = cfg.head_dim;
   const int64_t QW = int64_t(cfg.num_attention_heads) * D, KW = int64_t(cfg.num_key_value_heads) * D;
   const int64_t V = cfg.vocab_size;
@@ -83,6 +93,8 @@ Qwen3Lm::Qwen3Lm(const TensorStore& store, const LmConfig& cfg) : cfg_(cfg) {
                                "separate)",
                                store.dir()));
   const std::vector<DType> wd = {DType::BF16, DType::F32};
+  const QuantPlan plan = quant_plan(quant.type);
+  auto lin = [&](const Tensor& w, const std::string& key, QuantType t) { return make_linear(w, key, t, quant); };
   WeightBinder wb(store, "language_model");
   embed_ = wb.get("model.embed_tokens.weight", {V, H}, wd);
   final_norm_ = norm_weight(wb, "model.norm.weight", H);
@@ -95,22 +107,40 @@ Qwen3Lm::Qwen3Lm(const TensorStore& store, const LmConfig& cfg) : cfg_(cfg) {
     L.post_norm = norm_weight(wb, p + "post_attention_layernorm.weight", H);
     L.q_norm = norm_weight(wb, p + "self_attn.q_norm.weight", D);
     L.k_norm = norm_weight(wb, p + "self_attn.k_norm.weight", D);
-    L.q = kern::LinearWeight(wb.get(p + "self_attn.q_proj.weight", {QW, H}, wd));
-    L.k = kern::LinearWeight(wb.get(p + "self_attn.k_proj.weight", {KW, H}, wd));
-    L.v = kern::LinearWeight(wb.get(p + "self_attn.v_proj.weight", {KW, H}, wd));
-    L.o = kern::LinearWeight(wb.get(p + "self_attn.o_proj.weight", {H, QW}, wd));
-    L.gate = kern::LinearWeight(wb.get(p + "mlp.gate_proj.weight", {I, H}, wd));
-    L.up = kern::LinearWeight(wb.get(p + "mlp.up_proj.weight", {I, H}, wd));
-    L.down = kern::LinearWeight(wb.get(p + "mlp.down_proj.weight", {H, I}, wd));
+    const Shape shapes[7] = {{QW, H}, {KW, H}, {KW, H}, {H, QW}, {I, H}, {I, H}, {H, I}};
+    kern::LinearWeight* dst[7] = {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down};
+    for (int i = 0; i < 7; ++i) {
+      const std::string key = p + kLayerLinears[i] + ".weight";
+      *dst[i] = lin(wb.get(key, shapes[i], wd), key, plan.body);
+    }
   }
   wb.finish();
   // Only the sampleable rows of the head are ever computed: two zero-copy row slices.
-  head_end_ = kern::LinearWeight(head.slice(0, kAudioEndToken, kAudioEndToken + 1));
-  head_codes_ = kern::LinearWeight(head.slice(0, kAudioCodeOffset, kAudioCodeOffset + kNumSemanticCodes));
+  head_end_ = lin(head.slice(0, kAudioEndToken, kAudioEndToken + 1), kHeadEndKey, plan.heads);
+  head_codes_ = lin(head.slice(0, kAudioCodeOffset, kAudioCodeOffset + kNumSemanticCodes), kHeadCodesKey, plan.heads);
 }
 
-std::shared_ptr<const Qwen3Lm> Qwen3Lm::load(const Checkpoint& ck) {
-  return std::make_shared<const Qwen3Lm>(ck.store("language_model"), ck.configs().lm);
+std::vector<std::pair<std::string, const kern::LinearWeight*>> Qwen3Lm::linears() const {
+  std::vector<std::pair<std::string, const kern::LinearWeight*>> out;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& L = layers_[l];
+    const kern::LinearWeight* src[7] = {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down};
+    for (int i = 0; i < 7; ++i) out.emplace_back(fmt::format("model.layers.{}.{}.weight", l, kLayerLinears[i]), src[i]);
+  }
+  out.emplace_back(kHeadEndKey, &head_end_);
+  out.emplace_back(kHeadCodesKey, &head_codes_);
+  return out;
+}
+
+double Qwen3Lm::decode_weight_bytes() const {
+  double b = 0;
+  for (const auto& [key, w] : linears()) b += static_cast<double>(w->weight_bytes());
+  return b;
+}
+
+std::shared_ptr<const Qwen3Lm> Qwen3Lm::load(const Checkpoint& ck, QuantType quant, const ThreadPool* pool) {
+  QuantLoad q{quant, pool, open_quant_sidecar(ck.dir(), "language_model", quant)};
+  return std::make_shared<const Qwen3Lm>(ck.store("language_model"), ck.configs().lm, q);
 }
 
 KvCache Qwen3Lm::make_cache(int batch, int64_t capacity, DType precision) const {

@@ -13,6 +13,10 @@
 // RoPE tables are built here, not by kern::rope_tables, because of a reference quirk (see
 // lm_rope_tables below).
 //
+// Quantization (issue 8, model/quant_weights.h): loaded with QuantType::Int8 or Q4, every layer Linear
+// holds quantized blocks (kernels/quant.h) and the 16385 head rows int8; embed_tokens and the norms
+// are unchanged. QuantType::None (the default) is the bf16 model exactly as before.
+//
 // Weights are immutable zero-copy views of the checkpoint (bf16 for the real one; never copied whole);
 // everything per request (KV cache, scratch) lives in the caller's objects. Precision is a parameter:
 // DType::BF16 rounds at every torch op boundary (the reference profile), DType::F32 never rounds (the
@@ -30,6 +34,7 @@
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/kv_cache.h"
+#include "model/quant_weights.h"
 
 namespace mm3 {
 
@@ -74,8 +79,18 @@ class Qwen3Lm {
 
   // Binds every tensor of `store` by key and shape (WeightBinder, finish()): throws BadModel naming
   // missing / misshapen / unused tensors.
-  Qwen3Lm(const TensorStore& store, const LmConfig& cfg);
-  static std::shared_ptr<const Qwen3Lm> load(const Checkpoint& ck);
+  // With quant.type != None the Linear weights are quantized (quant_weights.h: from quant.sidecar, or
+  // quantized here from the bf16 tensors, which are still bound and shape-checked).
+  Qwen3Lm(const TensorStore& store, const LmConfig& cfg, const QuantLoad& quant = {});
+  // quant: the Linear weights' type; the checkpoint's mm3-quant sidecar is used when it has one.
+  static std::shared_ptr<const Qwen3Lm> load(const Checkpoint& ck, QuantType quant = QuantType::None,
+                                             const ThreadPool* pool = nullptr);
+  QuantType quant_type() const { return quant_; }
+  // Every Linear weight with its sidecar key (layers, then the two head row slices), for `mm3 quantize`
+  // and byte counts.
+  std::vector<std::pair<std::string, const kern::LinearWeight*>> linears() const;
+  // Weight bytes one decode step streams: all layer Linears + the 16385 head rows.
+  double decode_weight_bytes() const;
 
   const LmConfig& config() const { return cfg_; }
   int hidden() const { return cfg_.hidden_size; }
@@ -110,6 +125,7 @@ class Qwen3Lm {
     kern::LinearWeight gate, up, down; // [I, H], [I, H], [H, I]
   };
   LmConfig cfg_;
+  QuantType quant_ = QuantType::None;
   Tensor embed_;                      // [V, H] model.embed_tokens.weight (zero-copy)
   std::vector<Layer> layers_;
   std::vector<float> final_norm_;     // [H]

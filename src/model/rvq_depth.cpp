@@ -20,39 +20,75 @@ std::vector<float> norm_weight(WeightBinder& wb, const std::string& key, int64_t
 }
 }  // namespace
 
-RvqDepth::RvqDepth(const TensorStore& store, const DepthConfig& cfg) : cfg_(cfg) {
+namespace {
+const char* const kDepthLinears[7] = {"attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out",
+                                      "gate_proj", "up_proj",   "down_proj"};
+}  // namespace
+
+RvqDepth::RvqDepth(const TensorStore& store, const DepthConfig& cfg, const QuantLoad& quant)
+    : cfg_(cfg), quant_(quant.type) {
   const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, A = cfg.audio_vocab_size;
   const int nb = cfg.num_codebooks;
   if (H <= 0 || I <= 0 || cfg.num_layers <= 0 || cfg.num_attention_heads <= 0 || nb < 2 || A <= 0)
     throw BadModel(fmt::format("rvq_depth_decoder ({}): config has a non-positive dimension", store.dir()));
   const std::vector<DType> wd = {DType::BF16, DType::F32};
+  const QuantPlan plan = quant_plan(quant.type);
+  auto lin = [&](const Tensor& w, const std::string& key, QuantType t) { return make_linear(w, key, t, quant); };
   WeightBinder wb(store, "rvq_depth_decoder");
   audio_embeddings_ = wb.get("audio_embeddings.weight", {int64_t(nb - 1) * A, H}, wd);
   pos_embedding_ = wb.get("pos_embedding.weight", {cfg.max_position_embeddings, H}, wd);
-  projection_ = kern::LinearWeight(wb.get("projection.weight", {H, H}, wd));
+  projection_ = lin(wb.get("projection.weight", {H, H}, wd), "projection.weight", plan.body);
   final_norm_ = norm_weight(wb, "norm.weight", H);
-  for (int j = 0; j < nb - 1; ++j)
-    heads_.emplace_back(wb.get(fmt::format("audio_heads.{}.weight", j), {A, H}, wd));
+  for (int j = 0; j < nb - 1; ++j) {
+    const std::string key = fmt::format("audio_heads.{}.weight", j);
+    heads_.push_back(lin(wb.get(key, {A, H}, wd), key, plan.heads));
+  }
   layers_.resize(static_cast<size_t>(cfg.num_layers));
   for (int l = 0; l < cfg.num_layers; ++l) {
     const std::string p = fmt::format("layers.{}.", l);
     Layer& L = layers_[static_cast<size_t>(l)];
     L.input_norm = norm_weight(wb, p + "input_layernorm.weight", H);
     L.post_norm = norm_weight(wb, p + "post_attention_layernorm.weight", H);
-    L.q = kern::LinearWeight(wb.get(p + "attn.to_q.weight", {H, H}, wd));
-    L.k = kern::LinearWeight(wb.get(p + "attn.to_k.weight", {H, H}, wd));
-    L.v = kern::LinearWeight(wb.get(p + "attn.to_v.weight", {H, H}, wd));
-    L.o = kern::LinearWeight(wb.get(p + "attn.to_out.weight", {H, H}, wd));
-    L.gate = kern::LinearWeight(wb.get(p + "gate_proj.weight", {I, H}, wd));
-    L.up = kern::LinearWeight(wb.get(p + "up_proj.weight", {I, H}, wd));
-    L.down = kern::LinearWeight(wb.get(p + "down_proj.weight", {H, I}, wd));
+    const Shape shapes[7] = {{H, H}, {H, H}, {H, H}, {H, H}, {I, H}, {I, H}, {H, I}};
+    kern::LinearWeight* dst[7] = {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down};
+    for (int i = 0; i < 7; ++i) {
+      const std::string key = p + kDepthLinears[i] + ".weight";
+      *dst[i] = lin(wb.get(key, shapes[i], wd), key, plan.body);
+    }
   }
   wb.finish();
   pos_f32_ = pos_embedding_.contiguous().to_f32_vector();
 }
 
-std::shared_ptr<const RvqDepth> RvqDepth::load(const Checkpoint& ck) {
-  return std::make_shared<const RvqDepth>(ck.store("rvq_depth_decoder"), ck.configs().depth);
+std::shared_ptr<const RvqDepth> RvqDepth::load(const Checkpoint& ck, QuantType quant, const ThreadPool* pool) {
+  QuantLoad q{quant, pool, open_quant_sidecar(ck.dir(), "rvq_depth_decoder", quant)};
+  return std::make_shared<const RvqDepth>(ck.store("rvq_depth_decoder"), ck.configs().depth, q);
+}
+
+std::vector<std::pair<std::string, const kern::LinearWeight*>> RvqDepth::linears() const {
+  std::vector<std::pair<std::string, const kern::LinearWeight*>> out;
+  out.emplace_back("projection.weight", &projection_);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& L = layers_[l];
+    const kern::LinearWeight* src[7] = {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down};
+    for (int i = 0; i < 7; ++i) out.emplace_back(fmt::format("layers.{}.{}.weight", l, kDepthLinears[i]), src[i]);
+  }
+  for (size_t j = 0; j < heads_.size(); ++j) out.emplace_back(fmt::format("audio_heads.{}.weight", j), &heads_[j]);
+  return out;
+}
+
+double RvqDepth::step_weight_bytes() const {
+  double b = static_cast<double>(projection_.weight_bytes());
+  for (const Layer& L : layers_)
+    for (const kern::LinearWeight* w : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down})
+      b += static_cast<double>(w->weight_bytes());
+  return b;
+}
+
+double RvqDepth::heads_weight_bytes() const {
+  double b = 0;
+  for (const auto& h : heads_) b += static_cast<double>(h.weight_bytes());
+  return b;
 }
 
 DepthState RvqDepth::make_state(int batch, DType prec) const {

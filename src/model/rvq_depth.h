@@ -11,6 +11,9 @@
 // incrementally with its own KvCache (batch 2, capacity 8), which is the same computation because the
 // attention is causal and the positions absolute (tests/unit/models_ar_depth.cpp compares both).
 //
+// Quantization (issue 8, model/quant_weights.h): with QuantType::Int8 / Q4 the projection and the
+// layers' Linears hold quantized blocks and the audio heads int8; the embedding tables and norms stay.
+//
 // Kernels: kern::linear (M = 2 rows, or 4 for the first two positions), kern::rms_norm,
 // kern::attention, kern::silu_mul, kern::add, kern::embedding. Weights are immutable zero-copy views;
 // DepthState is the per-request part.
@@ -28,6 +31,7 @@
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/kv_cache.h"
+#include "model/quant_weights.h"
 
 namespace mm3 {
 
@@ -55,8 +59,15 @@ using DepthCodeChooser = std::function<int64_t(int j, const float* guided, int64
 
 class RvqDepth {
  public:
-  RvqDepth(const TensorStore& store, const DepthConfig& cfg);
-  static std::shared_ptr<const RvqDepth> load(const Checkpoint& ck);
+  RvqDepth(const TensorStore& store, const DepthConfig& cfg, const QuantLoad& quant = {});
+  static std::shared_ptr<const RvqDepth> load(const Checkpoint& ck, QuantType quant = QuantType::None,
+                                              const ThreadPool* pool = nullptr);
+  QuantType quant_type() const { return quant_; }
+  // Every Linear weight with its sidecar key (projection, layers, heads).
+  std::vector<std::pair<std::string, const kern::LinearWeight*>> linears() const;
+  // Weight bytes of one depth step (projection + layer Linears) and of the 7 heads together.
+  double step_weight_bytes() const;
+  double heads_weight_bytes() const;
 
   const DepthConfig& config() const { return cfg_; }
   int hidden() const { return cfg_.hidden_size; }
@@ -96,6 +107,7 @@ class RvqDepth {
     kern::LinearWeight gate, up, down;         // [I, H], [I, H], [H, I]
   };
   DepthConfig cfg_;
+  QuantType quant_ = QuantType::None;
   Tensor audio_embeddings_;            // [(num_codebooks−1)·1024, H]
   Tensor pos_embedding_;               // [max_position_embeddings, H]
   std::vector<float> pos_f32_;         // the same, as floats (exact)

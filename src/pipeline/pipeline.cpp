@@ -39,8 +39,9 @@ struct Pipeline::Impl {
     return *tokenizer;
   }
   ArModels ar_models() {
-    if (!lm) lm = Qwen3Lm::load(ckpt);
-    if (!depth) depth = RvqDepth::load(ckpt);
+    const kern::QuantType q = opt.ar_quant ? *opt.ar_quant : checkpoint_default_quant(dir);
+    if (!lm) lm = Qwen3Lm::load(ckpt, q, &pool);
+    if (!depth) depth = RvqDepth::load(ckpt, q, &pool);
     return {lm.get(), depth.get()};
   }
   void drop_ar_models() {

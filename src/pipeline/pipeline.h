@@ -16,6 +16,7 @@
 #include "core/progress.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
+#include "kernels/quant.h"
 #include "pipeline/request.h"
 
 namespace mm3 {
@@ -25,6 +26,9 @@ struct PipelineOptions {
   bool low_memory = false;   // free the LM and depth decoder before the DiT loads
   DType ar_precision = DType::BF16;        // reference profile
   DType acoustic_precision = DType::F32;   // reference profile
+  // Quantized LM + depth-decoder weights (model/quant_weights.h): nullopt = the checkpoint's default
+  // (its mm3-quant/default.json, written by `mm3 quantize IN OUT`; bf16 when there is none).
+  std::optional<kern::QuantType> ar_quant;
 };
 
 struct GenerationResult {

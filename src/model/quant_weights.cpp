@@ -1,0 +1,93 @@
+// quant_weights.cpp — see quant_weights.h.
+#include "model/quant_weights.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/errors.h"
+
+namespace mm3 {
+
+namespace fs = std::filesystem;
+
+QuantPlan quant_plan(QuantType t) {
+  if (t == QuantType::None) return {};
+  return {t, QuantType::Int8};
+}
+
+std::string quant_sidecar_path(const std::string& ckpt_dir, const std::string& component, QuantType t) {
+  return (fs::path(ckpt_dir) / kQuantDirName / kern::quant_name(t) / (component + ".safetensors")).string();
+}
+
+QuantType checkpoint_default_quant(const std::string& ckpt_dir) {
+  const fs::path p = fs::path(ckpt_dir) / kQuantDirName / "default.json";
+  if (!fs::exists(p)) return QuantType::None;
+  std::ifstream in(p);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    throw BadModel(fmt::format("{}: not valid JSON ({})", p.string(), e.what()));
+  }
+  const std::string name = j.value("type", "");
+  const auto t = kern::quant_from_name(name);
+  if (!t) throw BadModel(fmt::format("{}: unknown quantization type '{}' (int8, q4 or none)", p.string(), name));
+  return *t;
+}
+
+std::shared_ptr<const SafetensorsFile> open_quant_sidecar(const std::string& ckpt_dir, const std::string& component,
+                                                          QuantType t) {
+  if (t == QuantType::None) return nullptr;
+  const std::string path = quant_sidecar_path(ckpt_dir, component, t);
+  if (!fs::exists(path)) return nullptr;
+  auto f = std::make_shared<const SafetensorsFile>(path);
+  const auto& md = f->metadata();
+  auto get = [&](const std::string& k) {
+    auto it = md.find(k);
+    return it == md.end() ? std::string() : it->second;
+  };
+  if (get("mm3_quant_format") != kQuantFormatVersion)
+    throw BadModel(fmt::format("{}: mm3_quant_format '{}' (this build reads '{}'; rerun mm3 quantize)", path,
+                               get("mm3_quant_format"), kQuantFormatVersion));
+  if (get("mm3_quant_type") != kern::quant_name(t))
+    throw BadModel(fmt::format("{}: holds '{}' weights, expected '{}'", path, get("mm3_quant_type"), kern::quant_name(t)));
+  return f;
+}
+
+kern::LinearWeight make_linear(const Tensor& w, const std::string& key, QuantType t, const QuantLoad& q) {
+  if (t == QuantType::None) return kern::LinearWeight(w);
+  const int64_t N = w.dim(0), K = w.dim(1);
+  if (q.sidecar) {
+    const SafetensorsFile& f = *q.sidecar;
+    const std::string kq = key + ".qs", ks = key + ".scales";
+    const auto& md = f.metadata();
+    auto it = md.find("mm3.type." + key);
+    if (!f.contains(kq) || !f.contains(ks) || it == md.end())
+      throw BadModel(fmt::format("{}: no quantized tensors for '{}' (rerun mm3 quantize)", f.path(), key));
+    if (it->second != kern::quant_name(t))
+      throw BadModel(fmt::format("{}: '{}' is stored as {}, expected {}", f.path(), key, it->second, kern::quant_name(t)));
+    const Shape want_q = {N, kern::quant_row_qs_bytes(t, K) / 4}, want_s = {N, kern::quant_row_scales(t, K)};
+    const TensorInfo &iq = f.info(kq), &is = f.info(ks);
+    if (iq.dtype != DType::I32 || iq.shape != want_q || is.dtype != DType::F16 || is.shape != want_s)
+      throw BadModel(fmt::format("{}: '{}' is {}{} / {}{}, expected I32{} / F16{} for a [{}, {}] {} weight", f.path(),
+                                 key, dtype_name(iq.dtype), shape_str(iq.shape), dtype_name(is.dtype),
+                                 shape_str(is.shape), shape_str(want_q), shape_str(want_s), N, K, kern::quant_name(t)));
+    return kern::LinearWeight(std::make_shared<const kern::QuantMatrix>(t, N, K, f.get(kq), f.get(ks)));
+  }
+  if (q.pool) return kern::LinearWeight(kern::quantize_weight(*q.pool, w, t));
+  ThreadPool local(0);
+  return kern::LinearWeight(kern::quantize_weight(local, w, t));
+}
+
+void append_quant_tensors(const std::string& key, const kern::LinearWeight& w,
+                          std::vector<std::pair<std::string, Tensor>>& tensors,
+                          std::map<std::string, std::string>& metadata) {
+  MM3_CHECK(w.quantized(), "append_quant_tensors: '{}' is not quantized", key);
+  tensors.emplace_back(key + ".qs", w.quant()->qs());
+  tensors.emplace_back(key + ".scales", w.quant()->scales());
+  metadata["mm3.type." + key] = kern::quant_name(w.quant_type());
+}
+
+}  // namespace mm3
