@@ -1,6 +1,8 @@
 // cmd_verify.cpp — `mm3 verify GOLDEN_DIR [--kind K]... [--case NAME]...`
 #include "commands.h"
 #include "core/thread_pool.h"
+#include "core/errors.h"
+#include "verify/quant_quality.h"
 #include "verify/verify.h"
 
 namespace mm3::cli {
@@ -12,6 +14,7 @@ struct VerifyArgs {
   bool verbose = false;
   int threads = 0;
   std::string dump;
+  std::vector<std::string> quant;
 };
 
 RegisterCommand reg{{"verify", 20,
@@ -27,14 +30,27 @@ RegisterCommand reg{{"verify", 20,
                        sub.add_option("--dump", a->dump,
                                       "write every output we computed to DIR/<case>/<output>.npy (for analysis "
                                       "next to the golden's own tensors)");
+                       sub.add_option("--quant", a->quant,
+                                      "after the gated run, report (informational, not gated) how the LM + depth "
+                                      "decoder with int8 / q4 weights compare with the bf16 goldens (repeatable)");
                        sub.footer(
                            "Runs each case of GOLDEN_DIR/manifest.json and applies its checks with the rules of\n"
                            "golden/README.md. Prints one line per case (PASS/FAIL name kind metrics), then\n"
                            "'N passed, N failed'. Exit 0 only when nothing failed. A check whose golden tensor is itself\n"
                            "unusable (NaN/inf) is marked '?' and reported as a golden defect: it counts as neither;\n"
-                           "a case with only such checks is UNVERIFIABLE.\n\n"
+                           "a case with only such checks is UNVERIFIABLE.\n"
+                           "--quant int8|q4 then prints INFO lines for the bf16 LM / depth / e2e cases run with quantized\n"
+                           "weights (bit-identical fraction, rel RMS, argmax / top-50 agreement, free-running code\n"
+                           "agreement); they never change the exit code.\n\n"
                            "Example:\n  mm3 verify ../shared/golden/v1 --kind scheduler --kind vocoder");
                        return [a]() {
+                         std::vector<kern::QuantType> quant;
+                         for (const auto& q : a->quant) {
+                           const auto t = kern::quant_from_name(q);
+                           if (!t || *t == kern::QuantType::None)
+                             throw InvalidInput(fmt::format("verify: --quant '{}': use int8 or q4", q));
+                           quant.push_back(*t);
+                         }
                          ThreadPool pool(a->threads);
                          verify::VerifyOptions opt{a->kinds, a->cases, a->verbose, a->dump};
                          auto reports = verify::run_verify(a->dir, opt, pool, stdout);
@@ -54,6 +70,12 @@ RegisterCommand reg{{"verify", 20,
                                        "defective (marked '?'); %d case(s) had nothing else to check%s%s\n",
                                        defect_checks, unverifiable, names.empty() ? "" : ": ", names.c_str());
                          std::printf("%d passed, %d failed\n", passed, failed);
+                         for (kern::QuantType t : quant) {  // informational: never changes the exit code
+                           verify::run_quant_quality(a->dir, opt, t, pool, stdout);
+                           std::printf("quant=%s: informational only (a quantized run is not the reference "
+                                       "computation; no pass/fail)\n",
+                                       kern::quant_name(t));
+                         }
                          if (reports.empty()) {
                            std::fprintf(stderr, "mm3 verify: no case matched the filters\n");
                            return 1;
