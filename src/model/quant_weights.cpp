@@ -1,6 +1,9 @@
 // quant_weights.cpp — see quant_weights.h.
 #include "model/quant_weights.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -56,6 +59,18 @@ std::shared_ptr<const SafetensorsFile> open_quant_sidecar(const std::string& ckp
   return f;
 }
 
+namespace {
+// The bf16 source of a weight quantized at load is not read again: drop its mapped pages from this
+// process (they stay in the page cache, reclaimable), so the resident set is the quantized model.
+void release_pages(const Tensor& w) {
+  if (!w.is_borrowed()) return;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t b = reinterpret_cast<uintptr_t>(w.raw()), e = b + w.nbytes();
+  const uintptr_t pb = (b + page - 1) / page * page, pe = e / page * page;  // whole pages inside only
+  if (pe > pb) ::madvise(reinterpret_cast<void*>(pb), pe - pb, MADV_DONTNEED);
+}
+}  // namespace
+
 kern::LinearWeight make_linear(const Tensor& w, const std::string& key, QuantType t, const QuantLoad& q) {
   if (t == QuantType::None) return kern::LinearWeight(w);
   const int64_t N = w.dim(0), K = w.dim(1);
@@ -76,9 +91,15 @@ kern::LinearWeight make_linear(const Tensor& w, const std::string& key, QuantTyp
                                  shape_str(is.shape), shape_str(want_q), shape_str(want_s), N, K, kern::quant_name(t)));
     return kern::LinearWeight(std::make_shared<const kern::QuantMatrix>(t, N, K, f.get(kq), f.get(ks)));
   }
-  if (q.pool) return kern::LinearWeight(kern::quantize_weight(*q.pool, w, t));
-  ThreadPool local(0);
-  return kern::LinearWeight(kern::quantize_weight(local, w, t));
+  std::shared_ptr<const kern::QuantMatrix> qm;
+  if (q.pool) {
+    qm = kern::quantize_weight(*q.pool, w, t);
+  } else {
+    ThreadPool local(0);
+    qm = kern::quantize_weight(local, w, t);
+  }
+  release_pages(w);
+  return kern::LinearWeight(std::move(qm));
 }
 
 void append_quant_tensors(const std::string& key, const kern::LinearWeight& w,
