@@ -128,7 +128,8 @@ struct QuantActs {
   std::vector<int32_t> corr;   // [M, Kp / 32]
   std::vector<float> sxdx;     // [M, Kp / 32]
 };
-void quantize_acts(const float* x, int64_t M, int64_t ldx, int64_t K, QuantActs& a);
+// scalar: the portable loop even where AVX-512 is available (both give the same bytes).
+void quantize_acts(const float* x, int64_t M, int64_t ldx, int64_t K, QuantActs& a, bool scalar = false);
 
 enum class QuantIsa { Auto, Scalar, Avx512Vnni };
 bool quant_isa_available(QuantIsa isa);

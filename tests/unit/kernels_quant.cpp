@@ -122,6 +122,27 @@ TEST(KernelsQuant, DequantizeMatchesRefAndErrorBound) {
     }
 }
 
+// The activation quantizer's vector and scalar loops produce the same bytes (odd K, zero blocks,
+// values at the rounding ties of x * 127 / amax).
+TEST(KernelsQuant, ActivationQuantizerPathsAgree) {
+  Rng rng(9);
+  for (int64_t K : {1, 15, 16, 17, 31, 32, 33, 100, 511, 513, 1037}) {
+    for (int64_t M : {1, 4}) {
+      SCOPED_TRACE(::testing::Message() << "K=" << K << " M=" << M);
+      const int64_t ldx = K + 2;
+      std::vector<float> x = make_x(rng, M, ldx, true);
+      for (int64_t i = 40; i < std::min<int64_t>(M * ldx, 60); ++i) x[size_t(i)] = float(i % 5) * 0.25f;  // ties
+      kern::detail::QuantActs a, b;
+      kern::detail::quantize_acts(x.data(), M, ldx, K, a, false);
+      kern::detail::quantize_acts(x.data(), M, ldx, K, b, true);
+      EXPECT_EQ(a.xq, b.xq);
+      EXPECT_EQ(a.corr, b.corr);
+      EXPECT_EQ(std::memcmp(a.dx.data(), b.dx.data(), a.dx.size() * 4), 0);
+      EXPECT_EQ(std::memcmp(a.sxdx.data(), b.sxdx.data(), a.sxdx.size() * 4), 0);
+    }
+  }
+}
+
 // fp32 summation bound of the decode product: each lane is an FMA chain over S superblocks plus a
 // 4-level tree, the integer part is exact; a few ulps of sum |terms| per step.
 double gemv_tol(const QuantMatrix& q, const float* xr, int64_t n, double e, DType store, bool prefill) {

@@ -210,14 +210,9 @@ namespace detail {
 
 // ---- activations ----------------------------------------------------------------------------------
 
-void quantize_acts(const float* x, int64_t M, int64_t ldx, int64_t K, QuantActs& a) {
-  const int64_t Kp = quant_padded_k(K), nblk = Kp / kQuantBlock;
-  a.M = M;
-  a.Kp = Kp;
-  a.xq.assign(static_cast<size_t>(M * Kp), 0);
-  a.dx.assign(static_cast<size_t>(M * nblk), 0.f);
-  a.corr.assign(static_cast<size_t>(M * nblk), 0);
-  a.sxdx.assign(static_cast<size_t>(M * nblk), 0.f);
+namespace {
+void quantize_acts_scalar(const float* x, int64_t M, int64_t ldx, int64_t K, QuantActs& a) {
+  const int64_t Kp = a.Kp, nblk = Kp / kQuantBlock;
   for (int64_t m = 0; m < M; ++m) {
     const float* xr = x + m * ldx;
     int8_t* q = a.xq.data() + m * Kp;
@@ -240,8 +235,60 @@ void quantize_acts(const float* x, int64_t M, int64_t ldx, int64_t K, QuantActs&
     }
   }
 }
+void quantize_acts_avx512(const float* x, int64_t M, int64_t ldx, int64_t K, QuantActs& a);
+}  // namespace
+
+void quantize_acts(const float* x, int64_t M, int64_t ldx, int64_t K, QuantActs& a, bool scalar) {
+  const int64_t Kp = quant_padded_k(K), nblk = Kp / kQuantBlock;
+  a.M = M;
+  a.Kp = Kp;
+  a.xq.assign(static_cast<size_t>(M * Kp), 0);
+  a.dx.assign(static_cast<size_t>(M * nblk), 0.f);
+  a.corr.assign(static_cast<size_t>(M * nblk), 0);
+  a.sxdx.assign(static_cast<size_t>(M * nblk), 0.f);
+  if (!scalar && cpu_has_avx512())
+    quantize_acts_avx512(x, M, ldx, K, a);
+  else
+    quantize_acts_scalar(x, M, ldx, K, a);
+}
 
 namespace {
+
+// quantize_acts with AVX-512: the same operations lane for lane (|x| max, the two fp32 divisions, the
+// product, round-half-even conversion, clamp, integer sum), so the same bytes as the scalar loop.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void quantize_acts_avx512(const float* x, int64_t M,
+                                                                               int64_t ldx, int64_t K, QuantActs& a) {
+  const int64_t Kp = a.Kp, nblk = Kp / kQuantBlock;
+  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = x + m * ldx;
+    uint32_t* q = reinterpret_cast<uint32_t*>(a.xq.data() + m * Kp);
+    for (int64_t b = 0; b < nblk; ++b) {
+      const int64_t k0 = b * kQuantBlock, kn = std::clamp<int64_t>(K - k0, 0, kQuantBlock);
+      if (kn == 0) break;
+      const __mmask16 m0 = kn >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << kn) - 1u);
+      const __mmask16 m1 = kn >= 32 ? __mmask16(0xFFFF) : kn <= 16 ? __mmask16(0) : __mmask16((1u << (kn - 16)) - 1u);
+      const __m512 v0 = _mm512_maskz_loadu_ps(m0, xr + k0), v1 = _mm512_maskz_loadu_ps(m1, xr + k0 + 16);
+      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(v0, absmask), _mm512_and_ps(v1, absmask)));
+      if (amax == 0.f) continue;
+      const float dx = amax / 127.f, ix = 127.f / amax;
+      const __m512 iv = _mm512_set1_ps(ix);
+      const __m512i q0 = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v0, iv)), lo), hi);
+      const __m512i q1 = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v1, iv)), lo), hi);
+      const int32_t sx = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+      // 32 int8 = 8 words; word g (elements 4g..4g+3) goes to word 16g + l of the superblock.
+      alignas(32) uint32_t w[8];
+      _mm_store_si128(reinterpret_cast<__m128i*>(w), _mm512_cvtepi32_epi8(q0));
+      _mm_store_si128(reinterpret_cast<__m128i*>(w + 4), _mm512_cvtepi32_epi8(q1));
+      uint32_t* sb = q + (b / kQuantLanes) * (kQuantSuper / 4) + (b % kQuantLanes);
+      for (int g = 0; g < 8; ++g) sb[16 * g] = w[g];
+      a.dx[size_t(m * nblk + b)] = dx;
+      a.corr[size_t(m * nblk + b)] = -128 * sx;
+      a.sxdx[size_t(m * nblk + b)] = dx * static_cast<float>(sx);
+    }
+  }
+}
 
 // The fixed lane tree of quant.h.
 inline float lane_tree(const float* acc) {
@@ -394,7 +441,7 @@ void quant_gemv(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, 
   if (isa == QuantIsa::Auto) isa = cpu_has_vnni() ? QuantIsa::Avx512Vnni : QuantIsa::Scalar;
   MM3_CHECK(quant_isa_available(isa), "quant_gemv: the requested ISA is not available on this CPU");
   QuantActs a;
-  quantize_acts(x, M, ldx, K, a);
+  quantize_acts(x, M, ldx, K, a, isa == QuantIsa::Scalar);
   std::vector<float> sums(static_cast<size_t>(M * N));
   const bool i8 = w.type() == QuantType::Int8;
   GemvFn fn = isa == QuantIsa::Scalar ? gemv_scalar : (i8 ? pick_vnni<true>(M) : pick_vnni<false>(M));
