@@ -84,8 +84,9 @@ TEST(KernelsQuant, QuantizerMatchesRefBytes) {
       }
 }
 
-// The stored values: the reference decode, QuantMatrix::value and dequantize_rows agree exactly, and
-// each value is within half a quantization step of the weight (the format's error bound).
+// The stored values: the reference decode, QuantMatrix::value and dequantize_rows agree exactly; an
+// int8 value is within half a quantization step of the weight; a q4 block's squared error is at most
+// that of the plain min/max parameters (the refits only ever improve on it).
 TEST(KernelsQuant, DequantizeMatchesRefAndErrorBound) {
   ThreadPool pool(2);
   Rng rng(4);
@@ -100,11 +101,30 @@ TEST(KernelsQuant, DequantizeMatchesRefAndErrorBound) {
       kern::dequantize_rows(*q, 0, s.N, out.data(), ld);
       EXPECT_EQ(out.touched_outside(), 0);
       int64_t bad = 0;
+      for (int64_t n = 0; n < s.N && t == QuantType::Q4; ++n)
+        for (int64_t b = 0; b * 32 < s.K; ++b) {
+          const int64_t k0 = b * 32, k1 = std::min<int64_t>(s.K, k0 + 32);
+          float lo = wf[n * s.K + k0], hi = lo;
+          for (int64_t k = k0; k < k1; ++k) lo = std::min(lo, wf[n * s.K + k]), hi = std::max(hi, wf[n * s.K + k]);
+          const float m = f16_bits_to_f32(f32_to_f16_bits(lo)), d = f16_bits_to_f32(f32_to_f16_bits((hi - m) / 15.f));
+          double e_minmax = 0, e_ours = 0;
+          for (int64_t k = k0; k < k1; ++k) {
+            const float x = wf[n * s.K + k];
+            const float q0 = d == 0.f ? 0.f : std::min(std::max(std::nearbyint((x - m) / d), 0.f), 15.f);
+            e_minmax += std::pow(double(x) - double(d * q0 + m), 2);
+            e_ours += std::pow(double(x) - double(q->value(n, k)), 2);
+          }
+          if (e_ours > e_minmax * (1 + 1e-6) + 1e-30) {
+            if (bad < 5) ADD_FAILURE() << "q4 block (" << n << ", " << b << "): " << e_ours << " > min/max " << e_minmax;
+            ++bad;
+          }
+        }
       for (int64_t n = 0; n < s.N; ++n)
         for (int64_t k = 0; k < s.K; ++k) {
           const float v = ref::quant_value(*q, n, k);
           bad += f32_bits(out.at(n, k)) != f32_bits(v) || f32_bits(q->value(n, k)) != f32_bits(v);
-          // half a step: step = amax/127 (Int8) or (max - min)/15 (Q4) of the block, plus fp16 rounding.
+          if (t == QuantType::Q4) continue;
+          // half a step: step = amax/127 of the block, plus fp16 rounding.
           double lo = 1e30, hi = -1e30, amax = 0;
           for (int64_t j = (k / 32) * 32; j < std::min<int64_t>(s.K, (k / 32) * 32 + 32); ++j) {
             lo = std::min<double>(lo, wf[n * s.K + j]);

@@ -99,6 +99,54 @@ float QuantMatrix::value(int64_t n, int64_t k) const {
 
 namespace {
 
+inline float f16r(float v) { return f16_bits_to_f32(f32_to_f16_bits(v)); }
+
+inline int q4_quant(float w, float d, float m) {
+  return d == 0.f ? 0 : static_cast<int>(std::clamp(std::nearbyint((w - m) / d), 0.f, 15.f));
+}
+
+// Σ (w − value)² of a block with parameters (d, m), value = fp32(d · q) + m as the kernels use it.
+double q4_error(const float* w, int64_t kn, float d, float m) {
+  double e2 = 0;
+  for (int64_t e = 0; e < kn; ++e) {
+    const float dq = d * static_cast<float>(q4_quant(w[e], d, m));
+    const double r = double(w[e]) - double(dq + m);
+    e2 += r * r;
+  }
+  return e2;
+}
+
+// The q4 block parameters of quant.h: start from (min, range / 15), then two least-squares refits of
+// (d, m) to the codes they induce; keep the candidate (fp16-rounded) of least squared error.
+void q4_block_params(const float* w, int64_t kn, uint16_t& dh, uint16_t& mh) {
+  float lo = 0.f, hi = 0.f;
+  if (kn > 0) lo = hi = w[0];
+  for (int64_t e = 1; e < kn; ++e) lo = std::min(lo, w[e]), hi = std::max(hi, w[e]);
+  float m = f16r(lo), d = f16r((hi - m) / 15.f);
+  float bd = d, bm = m;
+  double best = q4_error(w, kn, d, m);
+  for (int it = 0; it < 2 && d != 0.f; ++it) {
+    double sq = 0, sqq = 0, sw = 0, sqw = 0;
+    for (int64_t e = 0; e < kn; ++e) {
+      const double q = q4_quant(w[e], d, m);
+      sq += q;
+      sqq += q * q;
+      sw += w[e];
+      sqw += q * w[e];
+    }
+    const double n = static_cast<double>(kn), den = n * sqq - sq * sq;
+    if (!(den > 0)) break;
+    const double nd = (n * sqw - sq * sw) / den, nm = (sw - nd * sq) / n;
+    if (!(nd > 0)) break;
+    d = f16r(static_cast<float>(nd));
+    m = f16r(static_cast<float>(nm));
+    const double err = q4_error(w, kn, d, m);
+    if (err < best) best = err, bd = d, bm = m;
+  }
+  dh = f32_to_f16_bits(bd);
+  mh = f32_to_f16_bits(bm);
+}
+
 // One row: w[0..K) floats -> qs row, scales row (layout of quant.h).
 void quantize_row(const float* w, int64_t K, QuantType t, uint8_t* qs, uint16_t* sc) {
   const int64_t Kp = quant_padded_k(K), nblk = Kp / kQuantBlock;
@@ -119,18 +167,14 @@ void quantize_row(const float* w, int64_t K, QuantType t, uint8_t* qs, uint16_t*
       }
     } else {
       uint8_t* sb = qs + s * (kQuantSuper / 2);
-      float lo = 0.f, hi = 0.f;
-      if (kn > 0) lo = hi = w[k0];
-      for (int64_t e = 1; e < kn; ++e) lo = std::min(lo, w[k0 + e]), hi = std::max(hi, w[k0 + e]);
-      const uint16_t mh = f32_to_f16_bits(lo);
-      const float m = f16_bits_to_f32(mh);
-      const uint16_t dh = f32_to_f16_bits((hi - m) / 15.f);
-      const float d = f16_bits_to_f32(dh);
+      uint16_t dh, mh;
+      q4_block_params(w + k0, kn, dh, mh);
+      const float m = f16_bits_to_f32(mh), d = f16_bits_to_f32(dh);
       sc[32 * s + l] = dh;
       sc[32 * s + 16 + l] = mh;
       for (int64_t e = 0; e < kQuantBlock; ++e) {
         int q = 0;
-        if (e < kn && d != 0.f) q = static_cast<int>(std::clamp(std::nearbyint((w[k0 + e] - m) / d), 0.f, 15.f));
+        if (e < kn) q = q4_quant(w[k0 + e], d, m);
         const int64_t u = lane_offset(l, e), v = u / 64, j = u % 64;
         uint8_t& byte = sb[64 * (v % 4) + j];
         byte = v < 4 ? uint8_t((byte & 0xF0) | q) : uint8_t((byte & 0x0F) | (q << 4));

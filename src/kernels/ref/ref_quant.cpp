@@ -1,4 +1,7 @@
-// ref_quant.cpp — see ref_quant.h.
+// ref_quant.cpp — see ref_quant.h. No FMA contraction: the quantizer's sums and errors must be the
+// plain double operations quant.h describes.
+#pragma GCC optimize("fp-contract=off")
+
 #include "kernels/ref/ref_quant.h"
 
 #include <algorithm>
@@ -50,8 +53,33 @@ std::shared_ptr<const QuantMatrix> quantize_weight(const Tensor& w, QuantType ty
       } else {
         float lo = v.empty() ? 0.f : *std::min_element(v.begin(), v.end());
         float hi = v.empty() ? 0.f : *std::max_element(v.begin(), v.end());
-        const float m = f16r(lo);
-        const float d = f16r((hi - m) / 15.f);
+        auto code = [](float x, float d, float m) { return d == 0.f ? 0 : round_clamp((x - m) / d, 0, 15); };
+        auto err = [&](float d, float m) {
+          double e2 = 0;
+          for (float x : v) {
+            const float val = d * float(code(x, d, m)) + m;  // two fp32 roundings (no contraction)
+            e2 += (double(x) - double(val)) * (double(x) - double(val));
+          }
+          return e2;
+        };
+        float cm = f16r(lo), cd = f16r((hi - cm) / 15.f);
+        float d = cd, m = cm;
+        double best = err(cd, cm);
+        for (int it = 0; it < 2 && cd != 0.f; ++it) {  // least-squares refits of (d, m) to the codes
+          double sq = 0, sqq = 0, sw = 0, sqw = 0;
+          for (float x : v) {
+            const double q = code(x, cd, cm);
+            sq += q, sqq += q * q, sw += x, sqw += q * x;
+          }
+          const double n = double(v.size()), den = n * sqq - sq * sq;
+          if (!(den > 0)) break;
+          const double nd = (n * sqw - sq * sw) / den, nm = (sw - nd * sq) / n;
+          if (!(nd > 0)) break;
+          cd = f16r(float(nd));
+          cm = f16r(float(nm));
+          const double e = err(cd, cm);
+          if (e < best) best = e, d = cd, m = cm;
+        }
         srow[32 * s + l] = f32_to_f16_bits(d);
         srow[32 * s + 16 + l] = f32_to_f16_bits(m);
         for (size_t e = 0; e < v.size(); ++e) codes[size_t(unpacked_addr(b, int64_t(e)))] = d == 0.f ? 0 : round_clamp((v[e] - m) / d, 0, 15);
