@@ -63,8 +63,9 @@ struct QuantArBench {
 
   QuantArBench(const Checkpoint& ck, const ThreadPool& pool, QuantType q, bool need_lm_cache) : quant(q) {
     const auto t0 = std::chrono::steady_clock::now();
-    from_sidecar = open_quant_sidecar(ck.dir(), "language_model", q) != nullptr;
-    lm = Qwen3Lm::load(ck, q, &pool);
+    from_sidecar = open_quant_sidecar(ck.dir(), "rvq_depth_decoder", q) != nullptr;
+    // The depth stages use the LM only for its embedding table: its bf16 form, unquantized.
+    lm = Qwen3Lm::load(ck, need_lm_cache ? q : QuantType::None, &pool);
     depth = RvqDepth::load(ck, q, &pool);
     load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     H = lm->hidden();
