@@ -88,6 +88,7 @@ StageResult run_stage(const Stage& s, const BenchContext& ctx, const RunOptions&
     r.bytes = run.bytes;
     r.flops = run.flops;
     r.info = run.info;
+    if (run.finish) run.finish(r.median(), r.info);
     r.peak_rss_mb = peak_rss_mb();
   }  // the stage's state is released here
   return r;

@@ -76,6 +76,9 @@ struct StageRun {
   double bytes = 0;                          // bytes one run streams (see the stage's description)
   double flops = 0;                          // floating-point operations of one run
   nlohmann::json info = nlohmann::json::object();  // extra fields copied into the JSON line
+  // Optional: called once after the timed runs with their median, to add fields that derive from the
+  // timings (e.g. audio seconds per wall second) to the result's copy of `info`.
+  std::function<void(double median_s, nlohmann::json& info)> finish;
 };
 
 struct Stage {

@@ -3,9 +3,13 @@
 //   dit_forward_L689        DiT::forward, batch 1 (one CFG branch, the conditional one), F32 compute;
 //   dit_forward_L689_bf16   the same with BF16 compute (bf16 weight copies built in setup, untimed);
 //   dit_forward_L689_b2     batch 2, [condition | all-zero condition], as run_acoustic's Euler step runs it;
-//   vocoder_L689            Vocoder::decode of one 689-latent window (≈ 8 s of stereo 44.1 kHz audio), F32.
+//   vocoder_L689            Vocoder::decode of one 689-latent window (≈ 8 s of stereo 44.1 kHz audio), F32;
+//   vocoder_L689_layers     the same with the per-layer profile (seconds, flops, GFLOP/s of each layer).
 // Inputs are deterministic random values (model/synth_checkpoint.h generator).
+#include <algorithm>
+#include <array>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -99,35 +103,114 @@ RegisterStage reg_dit_b2{{
     .setup = [](const BenchContext& ctx) { return dit_stage(ctx, 2, DType::F32); },
 }};
 
+struct VocBench {
+  std::unique_ptr<Vocoder> voc;
+  std::vector<float> lat, wave;
+  int64_t hop = 0;
+  double audio_s = 0;
+  std::vector<VocoderProfile> profiles;  // one per call (layers stage)
+};
+
+std::shared_ptr<VocBench> vocoder_bench(const BenchContext& ctx) {
+  const ThreadPool& pool = ctx.pool();
+  const Checkpoint& ck = ctx.checkpoint();
+  auto b = std::make_shared<VocBench>();
+  b->voc = std::make_unique<Vocoder>(ck.store("vocoder"), ck.configs().vocoder);
+  const int64_t C = ck.configs().vocoder.latent_channels;
+  b->hop = b->voc->hop();
+  b->lat = random_vec(pool, C * kL, 1.f, 13);
+  b->wave.resize(size_t(2 * b->hop * kL));
+  b->audio_s = double(b->hop * kL) / ck.configs().vocoder.sampling_rate;
+  return b;
+}
+
+nlohmann::json vocoder_info(const BenchContext& ctx, const VocBench& b) {
+  return {{"L", kL},
+          {"samples_per_channel", b.hop * kL},
+          {"sample_rate", ctx.checkpoint().configs().vocoder.sampling_rate},
+          {"audio_seconds", b.audio_s},
+          {"nonfinite_weight_tensors", b.voc->nonfinite_tensors().size()}};
+}
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 RegisterStage reg_vocoder{{
     .name = "vocoder_L689",
     .description = "Vocoder::decode of one 689-latent window (hop 512: 352768 stereo samples, 8.0 s at 44.1 kHz), "
-                   "F32; no bytes/flops (conv shapes vary per layer)",
+                   "F32; flops = 2 per multiply-add of every conv (both streams); audio_s_per_s = audio seconds "
+                   "per wall second at the median",
     .needs_model = true,
     .setup =
         [](const BenchContext& ctx) {
           const ThreadPool& pool = ctx.pool();
-          const Checkpoint& ck = ctx.checkpoint();
-          struct VocBench {
-            std::unique_ptr<Vocoder> voc;
-            std::vector<float> lat, wave;
-          };
-          auto b = std::make_shared<VocBench>();
-          b->voc = std::make_unique<Vocoder>(ck.store("vocoder"), ck.configs().vocoder);
-          const int64_t C = ck.configs().vocoder.latent_channels;
-          const int64_t hop = b->voc->hop();
-          b->lat = random_vec(pool, C * kL, 1.f, 13);
-          b->wave.resize(size_t(2 * hop * kL));
-          const double sr = ck.configs().vocoder.sampling_rate;
-          const double audio_s = double(hop * kL) / sr;
+          auto b = vocoder_bench(ctx);
           StageRun r;
-          r.run = [b, &pool, hop] { b->voc->decode(pool, b->lat.data(), kL, b->wave.data(), hop * kL, DType::F32); };
-          r.info = {{"L", kL},
-                    {"samples_per_channel", hop * kL},
-                    {"sample_rate", sr},
-                    {"audio_seconds", audio_s},
-                    {"audio_s_per_s", "audio_seconds / median_s (info is fixed at setup)"},
-                    {"nonfinite_weight_tensors", b->voc->nonfinite_tensors().size()}};
+          r.run = [b, &pool] { b->voc->decode(pool, b->lat.data(), kL, b->wave.data(), b->hop * kL, DType::F32); };
+          r.flops = b->voc->flops(kL);
+          r.info = vocoder_info(ctx, *b);
+          const double audio_s = b->audio_s;
+          r.finish = [audio_s](double median_s, nlohmann::json& info) {
+            info["audio_s_per_s"] = median_s > 0 ? audio_s / median_s : 0.0;
+          };
+          return r;
+        },
+}};
+
+RegisterStage reg_vocoder_layers{{
+    .name = "vocoder_L689_layers",
+    .description = "vocoder_L689 with per-layer wall times (Vocoder::decode's profile, both streams summed): "
+                   "`layers` lists each (fused) conv / transposed conv with its median seconds, cpu_seconds (all "
+                   "threads), flops, gflop_per_s and gflop_per_cpu_s; `by_op` sums them per op",
+    .needs_model = true,
+    .setup =
+        [](const BenchContext& ctx) {
+          const ThreadPool& pool = ctx.pool();
+          auto b = vocoder_bench(ctx);
+          StageRun r;
+          r.run = [b, &pool] {
+            b->profiles.emplace_back();
+            b->voc->decode(pool, b->lat.data(), kL, b->wave.data(), b->hop * kL, DType::F32, &b->profiles.back());
+          };
+          r.flops = b->voc->flops(kL);
+          r.info = vocoder_info(ctx, *b);
+          r.finish = [b](double median_s, nlohmann::json& info) {
+            info["audio_s_per_s"] = median_s > 0 ? b->audio_s / median_s : 0.0;
+            // Drop the warm-up call's profile; per-layer medians over the timed calls.
+            std::vector<VocoderProfile> ps(b->profiles.begin() + (b->profiles.size() > 1 ? 1 : 0), b->profiles.end());
+            nlohmann::json layers = nlohmann::json::array();
+            std::map<std::string, std::array<double, 3>> by_op;  // op -> (seconds, cpu seconds, flops)
+            for (size_t i = 0; i < ps.front().size(); ++i) {
+              std::vector<double> t, c;
+              for (const auto& p : ps) t.push_back(p[i].seconds), c.push_back(p[i].cpu_seconds);
+              const VocoderLayerTime& e = ps.front()[i];
+              const double sec = median_of(t), cpu = median_of(c);
+              nlohmann::json j = {{"name", e.name}, {"op", e.op}, {"seconds", sec}, {"cpu_seconds", cpu}};
+              if (e.flops > 0) {
+                j["flops"] = e.flops;
+                j["gflop_per_s"] = sec > 0 ? e.flops / sec / 1e9 : 0.0;
+                j["gflop_per_cpu_s"] = cpu > 0 ? e.flops / cpu / 1e9 : 0.0;
+              }
+              if (e.elements > 0) j["elements"] = e.elements;
+              layers.push_back(j);
+              auto& o = by_op[e.op];
+              o[0] += sec, o[1] += cpu, o[2] += e.flops;
+            }
+            nlohmann::json ops = nlohmann::json::object();
+            for (const auto& [op, v] : by_op) {
+              ops[op] = {{"seconds", v[0]}, {"cpu_seconds", v[1]}};
+              if (v[2] > 0) {
+                ops[op]["flops"] = v[2];
+                ops[op]["gflop_per_s"] = v[0] > 0 ? v[2] / v[0] / 1e9 : 0.0;
+                ops[op]["gflop_per_cpu_s"] = v[1] > 0 ? v[2] / v[1] / 1e9 : 0.0;
+              }
+            }
+            info["by_op"] = ops;
+            info["layers"] = layers;
+          };
           return r;
         },
 }};

@@ -143,7 +143,8 @@ void silu(const float* x, float* out, int64_t n, DType store);
 void add(const float* a, const float* b, float* out, int64_t n, DType store);
 // In-place tanh.
 void tanh_inplace(float* x, int64_t n, DType store);
-// Snake over [C, L]: y = x + 1 / (alpha[c] + 1e-9) * sin(alpha[c] * x)^2, in one pass.
+// Snake over [C, L]: y = x + 1 / (alpha[c] + 1e-9) * sin(alpha[c] * x)^2, in one pass. sin is a
+// vector fp32 sine within 2 ulps (|alpha x| > 8192, inf and NaN take std::sin); y may equal x.
 void snake(const float* x, const float* alpha, float* y, int64_t C, int64_t L, DType store);
 
 // ---------------------------------------------------------------------------------------------
@@ -157,14 +158,77 @@ inline int64_t conv_transpose1d_out_len(int64_t L, int K, int stride, int pad, i
   return (L - 1) * stride - 2 * pad + K + output_padding;
 }
 
+// Ops fused around a convolution, each optional (null: off). They compute exactly what the separate
+// kernels compute, rounding at the same points: the convolution's input is kern::snake(x, snake_alpha)
+// (x itself is not modified), and its output is kern::add(residual, conv + bias). residual may be y
+// itself (an in-place residual connection); x must not overlap y.
+struct ConvFusion {
+  const float* snake_alpha = nullptr;  // [Cin]: convolve snake(x) instead of x
+  const float* residual = nullptr;     // [Cout, Lout]: y = residual + conv(...)
+};
+
 // torch Conv1d (zero padding): x [Cin, L], w [Cout, Cin, K], bias [Cout] or null, y [Cout, Lout].
+// Each output is one sequential fp32 FMA chain over (ci, k) in that order, from 0, then + bias and one
+// rounding to store; bits do not depend on the thread count. Stride 1 runs the direct kernel of
+// conv_packed (packing w on every call: layers called repeatedly should hold a ConvWeight).
 void conv1d(const ThreadPool& pool, const float* x, int64_t Cin, int64_t L, const float* w, const float* bias,
-            int64_t Cout, int K, int stride, int pad, int dilation, float* y, DType store);
+            int64_t Cout, int K, int stride, int pad, int dilation, float* y, DType store,
+            const ConvFusion& fusion = {});
 
 // torch ConvTranspose1d: x [Cin, L], w [Cin, Cout, K], bias [Cout] or null, y [Cout, Lout].
+// Shapes ConvWeight::transpose_packable accepts (the vocoder's) run the direct kernel: each output is one
+// FMA chain over (ci, tap) in that order (taps k ≡ (o + pad) mod stride, ascending k), then + bias.
+// Others sum each tap over ci first, then the taps in ascending k (GEMM + col2im).
 void conv_transpose1d(const ThreadPool& pool, const float* x, int64_t Cin, int64_t L, const float* w,
                       const float* bias, int64_t Cout, int K, int stride, int pad, int output_padding, float* y,
-                      DType store);
+                      DType store, const ConvFusion& fusion = {});
+
+// A Conv1d (stride 1) or ConvTranspose1d weight, packed once (at model load) for the direct kernel.
+// The packed form is backend-private (CPU: output-channel blocks × input channel × tap, see
+// cpu/conv_direct.cpp). Immutable; copies share the packed data.
+class ConvWeight {
+ public:
+  ConvWeight() = default;
+  // Conv1d, stride 1: w [Cout, Cin, K] (torch layout), bias [Cout] or null.
+  static ConvWeight conv1d(const float* w, const float* bias, int64_t Cout, int64_t Cin, int K, int pad, int dilation);
+  // ConvTranspose1d: w [Cin, Cout, K], bias [Cout] or null. Shapes transpose_packable rejects keep the
+  // torch-layout weight and run conv_transpose1d's GEMM path.
+  static ConvWeight conv_transpose1d(const float* w, const float* bias, int64_t Cin, int64_t Cout, int K, int stride,
+                                     int pad, int output_padding);
+  // stride divides both 16 and K (stride 1, 2, 4, 8, 16; the vocoder's K = 2·stride).
+  static bool transpose_packable(int K, int stride) { return stride > 0 && 16 % stride == 0 && K % stride == 0; }
+  // A copy with every weight and bias value rounded to `store` (the bf16 compute copies).
+  ConvWeight rounded(DType store) const;
+
+  bool empty() const { return !packed; }
+  bool transposed() const { return transposed_; }
+  int64_t in_channels() const { return cin_; }
+  int64_t out_channels() const { return cout_; }
+  int kernel_size() const { return k_; }
+  int stride() const { return stride_; }
+  int pad() const { return pad_; }
+  int dilation() const { return dilation_; }
+  int output_padding() const { return output_padding_; }
+  int64_t out_len(int64_t L) const {
+    return transposed_ ? conv_transpose1d_out_len(L, k_, stride_, pad_, output_padding_)
+                       : conv1d_out_len(L, k_, 1, pad_, dilation_);
+  }
+  // 2 flops per multiply-add of one call on an input of length L.
+  double flops(int64_t L) const {
+    return 2.0 * double(cin_) * double(cout_) * k_ * double(transposed_ ? L : out_len(L));
+  }
+  std::shared_ptr<const void> packed;  // backend-private
+
+ private:
+  bool transposed_ = false;
+  int64_t cin_ = 0, cout_ = 0;
+  int k_ = 1, stride_ = 1, pad_ = 0, dilation_ = 1, output_padding_ = 0;
+};
+
+// y [Cout, w.out_len(L)] = the convolution w describes of x [Cin, L], with `fusion`, rounded to store;
+// the same numerics as conv1d / conv_transpose1d on that layer's torch-layout weight.
+void conv_packed(const ThreadPool& pool, const ConvWeight& w, const float* x, int64_t L, float* y, DType store,
+                 const ConvFusion& fusion = {});
 
 // torch F.interpolate(mode="nearest") source index (ATen nearest_idx, legacy float32 scale rule).
 int64_t nearest_src_index(int64_t dst, int64_t in_len, int64_t out_len);

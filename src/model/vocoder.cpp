@@ -1,9 +1,17 @@
-// vocoder.cpp — Flow-VAE decoder forward (vocoder.h; MODEL.md §5.1). Kernels: conv1d, conv_transpose1d,
-// snake, add, tanh_inplace.
+// vocoder.cpp — Flow-VAE decoder forward (vocoder.h; MODEL.md §5.1). Kernels: conv_packed (Conv1d and
+// ConvTranspose1d with the Snake before each and the residual add fused in), tanh_inplace.
+//
+// Per stream the forward keeps three buffers of the largest stage (channels × length): x (the
+// residual stream), t (the upsampler's output, swapped with x) and u (conv1's output). Each residual
+// unit is two calls, u = conv1(snake1(x)) and x = x + conv2(snake2(u)); each block's upsampler is
+// t = conv_t1(snake1(x)). The fused ops round where the separate kernels round (kernels.h ConvFusion),
+// so the bits equal snake → conv → add run one after another.
 #include "model/vocoder.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <ctime>
 
 #include "kernels/kernels.h"
 #include "model/weights.h"
@@ -11,26 +19,16 @@
 namespace mm3 {
 
 struct Vocoder::Weights {
-  struct Conv {  // Conv1d: w [cout, cin, k] (weight norm folded), b [cout]
-    std::vector<float> w, b;
-    int64_t cin = 0, cout = 0;
-    int k = 1, dilation = 1, pad = 0;
-  };
-  struct ConvT {  // ConvTranspose1d: w [cin, cout, 2·stride] (folded), b [cout]
-    std::vector<float> w, b;
-    int64_t cin = 0, cout = 0;
-    int k = 2, stride = 1, pad = 0;
-  };
   struct ResUnit {
     std::vector<float> alpha1, alpha2;  // [ch]
-    Conv conv1, conv2;                  // k7 dilation d pad 3d; k1
+    kern::ConvWeight conv1, conv2;      // WN-Conv1d k7 dilation d pad 3d; k1
   };
   struct Block {
     std::vector<float> alpha;  // [cin]
-    ConvT up;
+    kern::ConvWeight up;       // WN-ConvTranspose1d cin -> cout, k 2s, stride s, pad ceil(s/2)
     ResUnit res[3];
   };
-  Conv in_proj, conv_in, conv_out;
+  kern::ConvWeight in_proj, conv_in, conv_out;  // k1 (not weight-normed); WN k7 pad 3; WN k7 pad 3
   std::vector<Block> blocks;
   std::vector<float> alpha_out;
 };
@@ -48,10 +46,42 @@ void grow(std::vector<float>& v, int64_t n) {
   if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
 }
 
-// y [cout, len] = conv(x [cin, len]) ("same" length for every conv of this model).
-void run_conv(const ThreadPool& pool, const W::Conv& c, const float* x, int64_t len, float* y, DType st) {
-  kern::conv1d(pool, x, c.cin, len, c.w.data(), c.b.data(), c.cout, c.k, 1, c.pad, c.dilation, y, st);
-}
+// Per-layer wall clock for VocoderProfile: the second stream revisits the first stream's entries in
+// the same order and adds to them. Without a profile it only runs the layer.
+class LayerClock {
+ public:
+  explicit LayerClock(VocoderProfile* p) : p_(p) {}
+  bool on() const { return p_ != nullptr; }
+  void next_stream() { i_ = 0; }
+  template <class F>
+  void time(const std::string& name, const char* op, double flops, double elements, F&& f) {
+    if (!p_) {
+      f();
+      return;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    const double c0 = cpu_now();
+    f();
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double cpu = cpu_now() - c0;
+    if (i_ == p_->size()) p_->push_back(VocoderLayerTime{name, op, 0, 0, 0, 0});
+    VocoderLayerTime& e = (*p_)[i_++];
+    e.flops += flops;
+    e.elements += elements;
+    e.seconds += sec;
+    e.cpu_seconds += cpu;
+  }
+
+ private:
+  static double cpu_now() {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+  }
+
+  VocoderProfile* p_;
+  size_t i_ = 0;
+};
 
 }  // namespace
 
@@ -68,16 +98,12 @@ Vocoder::Vocoder(const TensorStore& store, const VocoderConfig& cfg) : cfg_(cfg)
   }
   WeightBinder b(store, "vocoder");
   auto vec = [&](const std::string& key, const Shape& shape) { return b.get_f32(key, shape).to_f32_vector(); };
+  // Weight norm folded at load (get_weight_norm), then packed for the direct kernel.
   auto conv = [&](const std::string& p, int64_t cin, int64_t cout, int k, int dil, bool wn) {
-    W::Conv c;
-    c.cin = cin;
-    c.cout = cout;
-    c.k = k;
-    c.dilation = dil;
-    c.pad = (k - 1) * dil / 2;
-    c.w = wn ? b.get_weight_norm(p, {cout, cin, k}).to_f32_vector() : vec(p + ".weight", {cout, cin, k});
-    c.b = vec(p + ".bias", {cout});
-    return c;
+    const std::vector<float> w =
+        wn ? b.get_weight_norm(p, {cout, cin, k}).to_f32_vector() : vec(p + ".weight", {cout, cin, k});
+    const std::vector<float> bias = vec(p + ".bias", {cout});
+    return kern::ConvWeight::conv1d(w.data(), bias.data(), cout, cin, k, (k - 1) * dil / 2, dil);
   };
 
   f32_ = std::make_unique<Weights>();
@@ -91,13 +117,11 @@ Vocoder::Vocoder(const TensorStore& store, const VocoderConfig& cfg) : cfg_(cfg)
     const std::string p = fmt::format("blocks.{}.", i);
     W::Block bl;
     bl.alpha = vec(p + "snake1.alpha", {1, in, 1});
-    bl.up.cin = in;
-    bl.up.cout = out;
-    bl.up.k = 2 * s;
-    bl.up.stride = s;
-    bl.up.pad = (s + 1) / 2;  // ceil(s / 2)
-    bl.up.w = b.get_weight_norm(p + "conv_t1", {in, out, 2 * s}).to_f32_vector();  // norm per input channel
-    bl.up.b = vec(p + "conv_t1.bias", {out});
+    {
+      const std::vector<float> v = b.get_weight_norm(p + "conv_t1", {in, out, 2 * s}).to_f32_vector();  // per input ch
+      const std::vector<float> bias = vec(p + "conv_t1.bias", {out});
+      bl.up = kern::ConvWeight::conv_transpose1d(v.data(), bias.data(), in, out, 2 * s, s, (s + 1) / 2, 0);
+    }
     const int dil[3] = {1, 3, 9};
     for (int r = 0; r < 3; ++r) {
       const std::string q = p + fmt::format("res_unit{}.", r + 1);
@@ -124,24 +148,32 @@ Vocoder::Vocoder(const TensorStore& store, const VocoderConfig& cfg) : cfg_(cfg)
 
 Vocoder::~Vocoder() = default;
 
+double Vocoder::flops(int64_t L) const {
+  const Weights& w = *f32_;
+  double f = w.in_proj.flops(L) + w.conv_in.flops(L);
+  int64_t len = L;
+  for (const auto& bl : w.blocks) {
+    f += bl.up.flops(len);  // every input times every tap
+    len = bl.up.out_len(len);
+    for (const auto& r : bl.res) f += r.conv1.flops(len) + r.conv2.flops(len);
+  }
+  return 2.0 * (f + w.conv_out.flops(len));  // two stereo streams
+}
+
 const Vocoder::Weights& Vocoder::weights(DType compute) const {
   if (compute == DType::F32) return *f32_;
   if (compute != DType::BF16)
     throw InvalidInput(fmt::format("vocoder: compute dtype must be F32 or BF16, not {}", dtype_name(compute)));
   std::call_once(bf16_once_, [this] {
     auto w = std::make_unique<Weights>(*f32_);
-    auto rc = [](W::Conv& c) {
-      c.w = rounded(std::move(c.w));
-      c.b = rounded(std::move(c.b));
-    };
+    auto rc = [](kern::ConvWeight& c) { c = c.rounded(DType::BF16); };
     rc(w->in_proj);
     rc(w->conv_in);
     rc(w->conv_out);
     w->alpha_out = rounded(std::move(w->alpha_out));
     for (auto& bl : w->blocks) {
       bl.alpha = rounded(std::move(bl.alpha));
-      bl.up.w = rounded(std::move(bl.up.w));
-      bl.up.b = rounded(std::move(bl.up.b));
+      rc(bl.up);
       for (auto& r : bl.res) {
         r.alpha1 = rounded(std::move(r.alpha1));
         r.alpha2 = rounded(std::move(r.alpha2));
@@ -155,7 +187,7 @@ const Vocoder::Weights& Vocoder::weights(DType compute) const {
 }
 
 void Vocoder::decode(const ThreadPool& pool, const float* latents, int64_t L, float* wave, int64_t ldw,
-                     DType compute) const {
+                     DType compute, VocoderProfile* profile) const {
   const Weights& w = weights(compute);
   const DType st = compute;
   const int64_t C = cfg_.latent_channels, half = C / 2;
@@ -166,44 +198,55 @@ void Vocoder::decode(const ThreadPool& pool, const float* latents, int64_t L, fl
   {
     int64_t len = L;
     for (const auto& bl : w.blocks) {
-      len = kern::conv_transpose1d_out_len(len, bl.up.k, bl.up.stride, bl.up.pad, 0);
-      cap = std::max(cap, bl.up.cout * len);
+      len = bl.up.out_len(len);
+      cap = std::max(cap, bl.up.out_channels() * len);
     }
   }
-  std::vector<float> x, t1, t2;
+  std::vector<float> x, t, u;
   grow(x, cap);
-  grow(t1, cap);
-  grow(t2, cap);
+  grow(t, cap);
+  grow(u, cap);
+  LayerClock clk(profile);
 
   for (int64_t s = 0; s < 2; ++s) {
+    clk.next_stream();
     // Stereo fold: stream s decodes latent channels [s·C/2, (s+1)·C/2)                  [C/2, L]
-    for (int64_t c = 0; c < half; ++c)
-      for (int64_t l = 0; l < L; ++l) t1[c * L + l] = round_store(latents[(s * half + c) * L + l], st);
-    run_conv(pool, w.in_proj, t1.data(), L, t2.data(), st);  // [Din, L]
-    run_conv(pool, w.conv_in, t2.data(), L, x.data(), st);   // [Hd, L]
+    clk.time("fold", "fold", 0, double(half * L), [&] {
+      for (int64_t c = 0; c < half; ++c)
+        for (int64_t l = 0; l < L; ++l) t[c * L + l] = round_store(latents[(s * half + c) * L + l], st);
+    });
+    clk.time("dec_in_proj", "conv1d", w.in_proj.flops(L), 0,
+             [&] { kern::conv_packed(pool, w.in_proj, t.data(), L, u.data(), st); });  // [Din, L]
+    clk.time("conv_in", "conv1d", w.conv_in.flops(L), 0,
+             [&] { kern::conv_packed(pool, w.conv_in, u.data(), L, x.data(), st); });  // [Hd, L]
     int64_t len = L;
-    for (const auto& bl : w.blocks) {
-      // Snake -> ConvTranspose1d: [cin, len] -> [cout, stride·len]
-      kern::snake(x.data(), bl.alpha.data(), t1.data(), bl.up.cin, len, st);
-      const int64_t nlen = kern::conv_transpose1d_out_len(len, bl.up.k, bl.up.stride, bl.up.pad, 0);
-      kern::conv_transpose1d(pool, t1.data(), bl.up.cin, len, bl.up.w.data(), bl.up.b.data(), bl.up.cout, bl.up.k,
-                             bl.up.stride, bl.up.pad, 0, x.data(), st);
-      len = nlen;
-      const int64_t ch = bl.up.cout;
-      for (const auto& r : bl.res) {  // x = x + conv2(snake2(conv1(snake1(x))))
-        kern::snake(x.data(), r.alpha1.data(), t1.data(), ch, len, st);
-        run_conv(pool, r.conv1, t1.data(), len, t2.data(), st);
-        kern::snake(t2.data(), r.alpha2.data(), t1.data(), ch, len, st);
-        run_conv(pool, r.conv2, t1.data(), len, t2.data(), st);
-        kern::add(x.data(), t2.data(), x.data(), ch * len, st);
+    for (size_t b = 0; b < w.blocks.size(); ++b) {
+      const auto& bl = w.blocks[b];
+      const std::string p = clk.on() ? fmt::format("blocks.{}.", b) : std::string();
+      // t = ConvTranspose1d(Snake(x)): [cin, len] -> [cout, stride·len]; then x <-> t.
+      clk.time(p + "snake1+conv_t1", "conv_transpose1d", bl.up.flops(len), 0, [&] {
+        kern::conv_packed(pool, bl.up, x.data(), len, t.data(), st, {.snake_alpha = bl.alpha.data()});
+      });
+      std::swap(x, t);
+      len = bl.up.out_len(len);
+      for (int r = 0; r < 3; ++r) {  // x = x + conv2(snake2(conv1(snake1(x))))
+        const auto& ru = bl.res[r];
+        const std::string q = clk.on() ? fmt::format("{}res_unit{}.", p, r + 1) : std::string();
+        clk.time(q + "snake1+conv1", "conv1d", ru.conv1.flops(len), 0, [&] {
+          kern::conv_packed(pool, ru.conv1, x.data(), len, u.data(), st, {.snake_alpha = ru.alpha1.data()});
+        });
+        clk.time(q + "snake2+conv2+add", "conv1d", ru.conv2.flops(len), 0, [&] {
+          kern::conv_packed(pool, ru.conv2, u.data(), len, x.data(), st,
+                            {.snake_alpha = ru.alpha2.data(), .residual = x.data()});
+        });
       }
     }
-    const int64_t ch = w.conv_out.cin;
-    kern::snake(x.data(), w.alpha_out.data(), t1.data(), ch, len, st);
     if (len != hop_ * L) throw InternalError(fmt::format("vocoder: produced {} samples, expected {}", len, hop_ * L));
     float* out = wave + s * ldw;
-    run_conv(pool, w.conv_out, t1.data(), len, out, st);  // [1, hop·L]
-    kern::tanh_inplace(out, len, st);
+    clk.time("snake_out+conv_out", "conv1d", w.conv_out.flops(len), 0, [&] {
+      kern::conv_packed(pool, w.conv_out, x.data(), len, out, st, {.snake_alpha = w.alpha_out.data()});
+    });  // [1, hop·L]
+    clk.time("tanh", "tanh", 0, double(len), [&] { kern::tanh_inplace(out, len, st); });
   }
 }
 

@@ -7,9 +7,10 @@
 //   Weight norm is folded at load (WeightBinder::get_weight_norm, dim 0: per output channel for Conv1d
 //   V [out, in, k], per input channel for ConvTranspose1d V [in, out, k]).
 //
-// Kernels: conv1d, conv_transpose1d, snake, add, tanh_inplace.
+// Kernels: conv_packed (Snake and the residual add fused into the convolutions), tanh_inplace.
 //
-// Immutable after construction; bf16 weight copies for the bf16 compute option are built on first use.
+// Immutable after construction; convolution weights are packed once here (kern::ConvWeight); bf16
+// weight copies for the bf16 compute option are built on first use.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +26,17 @@
 
 namespace mm3 {
 
+// Wall time of each layer of one decode, both stereo streams summed (mm3 bench --stage
+// vocoder_L689_layers). flops: 2 per multiply-add of the convolution; elements: values an elementwise
+// op writes (0 for convolutions); cpu_seconds: the process's CPU time over the layer (all threads), which
+// a machine shared with other work does not inflate the way it inflates wall time.
+struct VocoderLayerTime {
+  std::string name;  // checkpoint prefix of the layer(s), e.g. "blocks.1.res_unit2.snake1+conv1"
+  std::string op;    // conv1d, conv_transpose1d, tanh, fold
+  double flops = 0, elements = 0, seconds = 0, cpu_seconds = 0;
+};
+using VocoderProfile = std::vector<VocoderLayerTime>;
+
 class Vocoder {
  public:
   // Binds vocoder/*.safetensors (121 tensors at full size); throws BadModel listing every defect.
@@ -36,11 +48,14 @@ class Vocoder {
   // Checkpoint tensors that hold NaN/inf (loaded as-is, like torch; they make the output non-finite).
   // Callers report these: a non-finite waveform then names its cause.
   const std::vector<std::string>& nonfinite_tensors() const { return nonfinite_; }
+  // Floating-point operations of decode(L): 2 per multiply-add of every convolution, both streams.
+  double flops(int64_t L) const;
 
   // latents: [C, L] channel-major F32 values (torch [1, C, L]); wave: [2, hop·L] (row stride ldw >= hop·L).
   // compute F32 (reference) or BF16 (rounds at every op boundary, bf16-rounded weights).
+  // profile: when non-null, receives one entry per layer (in forward order), times summed over streams.
   void decode(const ThreadPool& pool, const float* latents, int64_t L, float* wave, int64_t ldw,
-              DType compute = DType::F32) const;
+              DType compute = DType::F32, VocoderProfile* profile = nullptr) const;
   // Tensor convenience: [1, C, L] or [C, L] -> [1, 2, hop·L] F32.
   Tensor decode(const ThreadPool& pool, const Tensor& latents, DType compute = DType::F32) const;
 

@@ -1,22 +1,26 @@
 // conv.cpp — kern::conv1d and kern::conv_transpose1d (kernels.h), the CPU backend.
 //
 // torch Conv1d / ConvTranspose1d semantics (zero padding, groups = 1; MODEL.md §3 step 5, §4.1 steps
-// 2 and 9, §5.1). Both are lowered to the backend's own GEMM (gemm_nt.h), not OpenBLAS, whose sgemm
-// bits change with the thread count (tests/unit/kernels_conv.cpp checks 1 vs 2 threads):
-// * conv1d: im2col of a tile of output columns, col[(ci, k), t] = x[ci, t*stride - pad + k*dilation],
-//   then y[:, tile] = W[Cout, Cin*K] @ col. A 1x1 stride-1 unpadded conv multiplies x directly.
+// 2 and 9, §5.1). Stride-1 Conv1d and the ConvTranspose1d shapes ConvWeight::transpose_packable
+// accepts pack the weight and run the direct kernel (conv_direct.cpp). The rest are lowered to the
+// backend's own GEMM (gemm_nt.h), not OpenBLAS, whose sgemm bits change with the thread count
+// (tests/unit/kernels_conv.cpp checks 1 vs 2 threads):
+// * conv1d (stride > 1): im2col of a tile of output columns, col[(ci, k), t] =
+//   x[ci, t*stride - pad + k*dilation], then y[:, tile] = W[Cout, Cin*K] @ col.
 // * conv_transpose1d: cols[(co, k), t] = sum_ci W[ci, co, k] x[ci, t] for a tile of input columns
 //   (W^T @ x), then col2im scatters cols into y[co, t*stride - pad + k].
-// Tiles bound the scratch to ~4 MiB (the vocoder's last layers have ~350k columns). Each output
-// sums its full reduction inside one sgemm (conv1d) or in a fixed tile/tap order (conv_transpose1d),
-// so results do not depend on the thread count. Bias is added to the fp32 sum, then one rounding.
-// (Each conv1d output is one sequential FMA chain over (ci, k); torch/oneDNN sums in another order.)
+// Tiles bound the scratch to ~4 MiB. Each output sums its full reduction inside one sgemm (conv1d:
+// one sequential FMA chain over (ci, k), the direct kernel's order too) or in a fixed tile/tap order
+// (conv_transpose1d), so results do not depend on the thread count. Bias is added to the fp32 sum,
+// then one rounding. On these paths a fused Snake runs first into a scratch copy of x and a fused
+// residual is added after the convolution (the same bits as the separate kernels).
 #pragma GCC optimize("fp-contract=off")
 
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/conv_detail.h"
 #include "kernels/cpu/gemm_nt.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/kernels.h"
@@ -44,20 +48,38 @@ void bias_round(const ThreadPool& pool, float* y, int64_t Cout, int64_t Lout, co
       std::max<int64_t>(1, 16384 / std::max<int64_t>(1, Lout)));
 }
 
+// Fallback-path fusions. Snake: returns x, or snake(x) in `buf`.
+const float* fused_input(const float* x, int64_t Cin, int64_t L, const ConvFusion& f, DType store,
+                         std::vector<float>& buf) {
+  if (!f.snake_alpha) return x;
+  buf.resize(static_cast<size_t>(Cin * L));
+  snake(x, f.snake_alpha, buf.data(), Cin, L, store);
+  return buf.data();
+}
+
 }  // namespace
 
 void conv1d(const ThreadPool& pool, const float* x, int64_t Cin, int64_t L, const float* w, const float* bias,
-            int64_t Cout, int K, int stride, int pad, int dilation, float* y, DType store) {
+            int64_t Cout, int K, int stride, int pad, int dilation, float* y, DType store, const ConvFusion& fusion) {
   MM3_CHECK(Cin > 0 && Cout > 0 && L > 0 && K > 0 && stride > 0 && pad >= 0 && dilation > 0,
             "conv1d: Cin={} Cout={} L={} K={} stride={} pad={} dilation={}", Cin, Cout, L, K, stride, pad, dilation);
   const int64_t Lout = conv1d_out_len(L, K, stride, pad, dilation);
   MM3_CHECK(Lout > 0, "conv1d: output length {} for L={} K={} stride={} pad={} dilation={}", Lout, L, K, stride,
             pad, dilation);
+  if (stride == 1) {
+    conv_packed(pool, ConvWeight::conv1d(w, bias, Cout, Cin, K, pad, dilation), x, L, y, store, fusion);
+    return;
+  }
+  // The residual may be y itself: compute the convolution apart first.
+  std::vector<float> xbuf, ybuf;
+  x = fused_input(x, Cin, L, fusion, store, xbuf);
+  float* yout = y;
+  if (fusion.residual) {
+    ybuf.resize(static_cast<size_t>(Cout * Lout));
+    y = ybuf.data();
+  }
   const int64_t CK = Cin * K;
-  if (K == 1 && stride == 1 && pad == 0) {
-    // y[Cout, L] = W[Cout, Cin] @ x[Cin, L]
-    detail::gemm_ex(pool, w, Cin, 1, Cout, x, DType::F32, L, true, L, Cin, nullptr, y, Lout, DType::F32, false);
-  } else {
+  {
     const int64_t T = std::clamp<int64_t>(kScratchFloats / CK, 64, Lout);
     std::vector<float> col(static_cast<size_t>(CK * std::min(T, Lout)));
     for (int64_t t0 = 0; t0 < Lout; t0 += T) {
@@ -83,16 +105,29 @@ void conv1d(const ThreadPool& pool, const float* x, int64_t Cin, int64_t L, cons
     }
   }
   bias_round(pool, y, Cout, Lout, bias, store);
+  if (fusion.residual) add(fusion.residual, y, yout, Cout * Lout, store);
 }
 
 void conv_transpose1d(const ThreadPool& pool, const float* x, int64_t Cin, int64_t L, const float* w,
                       const float* bias, int64_t Cout, int K, int stride, int pad, int output_padding, float* y,
-                      DType store) {
+                      DType store, const ConvFusion& fusion) {
   MM3_CHECK(Cin > 0 && Cout > 0 && L > 0 && K > 0 && stride > 0 && pad >= 0 && output_padding >= 0,
             "conv_transpose1d: Cin={} Cout={} L={} K={} stride={} pad={} output_padding={}", Cin, Cout, L, K, stride,
             pad, output_padding);
   const int64_t Lout = conv_transpose1d_out_len(L, K, stride, pad, output_padding);
   MM3_CHECK(Lout > 0, "conv_transpose1d: output length {} for L={} K={} stride={} pad={}", Lout, L, K, stride, pad);
+  if (ConvWeight::transpose_packable(K, stride)) {
+    conv_packed(pool, ConvWeight::conv_transpose1d(w, bias, Cin, Cout, K, stride, pad, output_padding), x, L, y,
+                store, fusion);
+    return;
+  }
+  std::vector<float> xbuf, ybuf;
+  x = fused_input(x, Cin, L, fusion, store, xbuf);
+  float* yout = y;
+  if (fusion.residual) {
+    ybuf.resize(static_cast<size_t>(Cout * Lout));
+    y = ybuf.data();
+  }
   const int64_t CoK = Cout * K;
   std::memset(y, 0, static_cast<size_t>(Cout * Lout) * sizeof(float));
   const int64_t T = std::clamp<int64_t>(kScratchFloats / CoK, 16, L);
@@ -121,6 +156,7 @@ void conv_transpose1d(const ThreadPool& pool, const float* x, int64_t Cin, int64
         std::max<int64_t>(1, 4096 / std::max<int64_t>(1, K * nt)));
   }
   bias_round(pool, y, Cout, Lout, bias, store);
+  if (fusion.residual) add(fusion.residual, y, yout, Cout * Lout, store);
 }
 
 }  // namespace mm3::kern

@@ -5,11 +5,13 @@
 // * silu(x) = x / (1 + exp(-x)) (ATen's CPU formula), fp32 inside; silu_mul rounds silu's result
 //   before the product (SwiGLU `silu(gate) * up`, MODEL.md §1.2; DiT GLU `a * silu(g)`, §4.1).
 // * snake (DAC, MODEL.md §5.1): x + (alpha + 1e-9).reciprocal() * sin(alpha * x).pow(2), i.e. the
-//   ops mul, sin, square, add-eps, reciprocal, mul, add, each rounded in bf16, fused into one pass.
+//   ops mul, sin, square, add-eps, reciprocal, mul, add, each rounded in bf16, fused into one pass;
+//   the row and its vector sin live in conv_snake.cpp (the convolutions fuse the same row).
 #pragma GCC optimize("fp-contract=off")
 
 #include <cmath>
 
+#include "kernels/cpu/conv_detail.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/kernels.h"
 
@@ -44,25 +46,9 @@ void tanh_inplace(float* x, int64_t n, DType store) {
 }
 
 void snake(const float* x, const float* alpha, float* y, int64_t C, int64_t L, DType store) {
-  const bool bf = store == DType::BF16;
-  for (int64_t c = 0; c < C; ++c) {
-    const float a = alpha[c];
-    // (alpha + 1e-9).reciprocal(): per channel, two ops.
-    const float inv = bf ? round_bf16(1.0f / round_bf16(a + 1e-9f)) : 1.0f / (a + 1e-9f);
-    const float* xr = x + c * L;
-    float* yr = y + c * L;
-    if (bf) {
-      for (int64_t t = 0; t < L; ++t) {
-        const float s = round_bf16(std::sin(round_bf16(a * xr[t])));
-        yr[t] = round_bf16(xr[t] + round_bf16(inv * round_bf16(s * s)));
-      }
-    } else {
-      for (int64_t t = 0; t < L; ++t) {
-        const float s = std::sin(a * xr[t]);
-        yr[t] = xr[t] + inv * (s * s);
-      }
-    }
-  }
+  // The row (vector sin, rounding points) is shared with the convolutions' fused Snake (conv_snake.cpp).
+  for (int64_t c = 0; c < C; ++c)
+    detail::snake_row(x + c * L, alpha[c], detail::snake_inv(alpha[c], store), y + c * L, L, store);
 }
 
 }  // namespace mm3::kern

@@ -206,9 +206,32 @@ void snake(const float* x, const float* alpha, float* y, int64_t C, int64_t L, D
   }
 }
 
+namespace {
+
+// The fused Snake input (a copy) or x itself.
+const float* conv_input(const float* x, int64_t Cin, int64_t L, const kern::ConvFusion& f, DType store,
+                        std::vector<float>& buf) {
+  if (!f.snake_alpha) return x;
+  buf.resize(static_cast<size_t>(Cin * L));
+  snake(x, f.snake_alpha, buf.data(), Cin, L, store);
+  return buf.data();
+}
+
+// One output: st(sum), then the fused residual st(residual + it).
+float conv_out(double acc, const float* bias, int64_t co, const kern::ConvFusion& f, int64_t idx, DType store) {
+  if (bias) acc += bias[co];
+  const float v = st(acc, store);
+  return f.residual ? st(double(f.residual[idx]) + double(v), store) : v;
+}
+
+}  // namespace
+
 void conv1d(const ThreadPool&, const float* x, int64_t Cin, int64_t L, const float* w, const float* bias,
-            int64_t Cout, int K, int stride, int pad, int dilation, float* y, DType store) {
+            int64_t Cout, int K, int stride, int pad, int dilation, float* y, DType store,
+            const kern::ConvFusion& fusion) {
   const int64_t Lout = kern::conv1d_out_len(L, K, stride, pad, dilation);
+  std::vector<float> buf, out(static_cast<size_t>(Cout * Lout));  // y may be the residual
+  x = conv_input(x, Cin, L, fusion, store, buf);
   for (int64_t co = 0; co < Cout; ++co)
     for (int64_t t = 0; t < Lout; ++t) {
       double acc = 0;
@@ -217,15 +240,18 @@ void conv1d(const ThreadPool&, const float* x, int64_t Cin, int64_t L, const flo
           const int64_t src = t * stride - pad + int64_t(k) * dilation;
           if (src >= 0 && src < L) acc += double(w[(co * Cin + ci) * K + k]) * x[ci * L + src];
         }
-      if (bias) acc += bias[co];
-      y[co * Lout + t] = st(acc, store);
+      out[co * Lout + t] = conv_out(acc, bias, co, fusion, co * Lout + t, store);
     }
+  std::copy(out.begin(), out.end(), y);
 }
 
 void conv_transpose1d(const ThreadPool&, const float* x, int64_t Cin, int64_t L, const float* w, const float* bias,
-                      int64_t Cout, int K, int stride, int pad, int output_padding, float* y, DType store) {
-  // Gather form (each output sums the inputs that scatter onto it), unlike the kernel's scatter form.
+                      int64_t Cout, int K, int stride, int pad, int output_padding, float* y, DType store,
+                      const kern::ConvFusion& fusion) {
+  // Gather form (each output sums the inputs that scatter onto it), unlike the GEMM path's scatter form.
   const int64_t Lout = kern::conv_transpose1d_out_len(L, K, stride, pad, output_padding);
+  std::vector<float> buf, out(static_cast<size_t>(Cout * Lout));
+  x = conv_input(x, Cin, L, fusion, store, buf);
   for (int64_t co = 0; co < Cout; ++co)
     for (int64_t o = 0; o < Lout; ++o) {
       double acc = 0;
@@ -236,9 +262,9 @@ void conv_transpose1d(const ThreadPool&, const float* x, int64_t Cin, int64_t L,
         if (t >= L) continue;
         for (int64_t ci = 0; ci < Cin; ++ci) acc += double(w[(ci * Cout + co) * K + k]) * x[ci * L + t];
       }
-      if (bias) acc += bias[co];
-      y[co * Lout + o] = st(acc, store);
+      out[co * Lout + o] = conv_out(acc, bias, co, fusion, co * Lout + o, store);
     }
+  std::copy(out.begin(), out.end(), y);
 }
 
 int64_t nearest_src_index(int64_t dst, int64_t in_len, int64_t out_len) {

@@ -44,11 +44,14 @@ void add(const float* a, const float* b, float* out, int64_t n, DType store);
 void tanh_inplace(float* x, int64_t n, DType store);
 void snake(const float* x, const float* alpha, float* y, int64_t C, int64_t L, DType store);
 
+// Fusions as three ops: ref::snake into a copy of x, the convolution (double sum, one rounding), then
+// st(residual + conv).
 void conv1d(const ThreadPool& pool, const float* x, int64_t Cin, int64_t L, const float* w, const float* bias,
-            int64_t Cout, int K, int stride, int pad, int dilation, float* y, DType store);
+            int64_t Cout, int K, int stride, int pad, int dilation, float* y, DType store,
+            const kern::ConvFusion& fusion = {});
 void conv_transpose1d(const ThreadPool& pool, const float* x, int64_t Cin, int64_t L, const float* w,
                       const float* bias, int64_t Cout, int K, int stride, int pad, int output_padding, float* y,
-                      DType store);
+                      DType store, const kern::ConvFusion& fusion = {});
 
 int64_t nearest_src_index(int64_t dst, int64_t in_len, int64_t out_len);
 void interpolate_nearest(const float* x, int64_t C, int64_t Lin, int64_t Lout, float* y);

@@ -1,0 +1,432 @@
+// conv_direct.cpp — kern::ConvWeight and kern::conv_packed (kernels.h): direct Conv1d (stride 1) and
+// ConvTranspose1d for the CPU backend, the vocoder's convolutions (MODEL.md §5.1).
+//
+// One formulation covers both. Every output is
+//     y[co, o] = bias[co] + sum_ci sum_j  Wj[co, ci](o) * xs[ci, o + off_j]
+// over a zero-padded "slab" xs of the input (Snake applied on the way in when fused):
+// * Conv1d (stride 1, dilation d, padding p): xs[ci, c] = x[ci, t0 - p + c] for the task's first output
+//   t0, tap j = k at off_j = k·d, and Wj[co, ci] = w[co, ci, k] for every o.
+// * ConvTranspose1d (stride s, kernel K = J·s, padding p): output o receives the taps
+//   k = ((o + p) mod s) + j·s, j < J, from input t = floor((o + p) / s) − j. So the slab is the input
+//   repeated s times, xs[ci, c] = x[ci, floor((u + p) / s)] with u = t0 − (J−1)·s + c, tap j sits at
+//   off_j = (J−1−j)·s, and its weight depends on the output's phase: lane l of a 16-output vector that
+//   starts at a multiple of 16 has phase (l + p) mod s, the same in every vector when s divides 16.
+//   The weight operand is then a pattern of s values broadcast over the 16 lanes. This is the
+//   stride-phase decomposition without its strided stores, and without the 8× wasted work of a GEMM
+//   over the zero-stuffed input.
+// Register tile: kMR output channels × kNR = 64 consecutive outputs (4 zmm) = 24 accumulators; per (ci,
+// tap) it loads 4 slab vectors and 6 weights (scalar broadcasts, or s-value patterns) for 24 FMAs.
+// Packed weights [co block][ci][tap][kMR][phases] make the weight stream contiguous. Output channels
+// past Cout are zero rows, computed and never stored.
+// Blocking: tasks of (TC outputs, a group of output-channel blocks) go to whichever thread is free;
+// inside a task the input channels go in slabs of KC rows, each packed once (Snake applied, zero
+// padding, the s-fold repetition for ConvTranspose1d) into the thread's buffer, where it stays in L2
+// while every channel block sweeps it with its KC·taps weights in L1. Partial sums are parked in a
+// task buffer between slabs (exact); the last slab's pass adds the bias, rounds, adds the residual and
+// stores. See conv_packed for the sizes.
+// Numerics: each output is ONE sequential FMA chain over (ci, tap) in ascending order starting from 0;
+// the bias is added after the chain, then one rounding to the store dtype. Blocking, the task split,
+// the thread count and the ISA path (AVX-512 or the portable loop, which uses std::fma) change no bit.
+// For Conv1d this is the order of the im2col + GEMM path that preceded it (same bits).
+#pragma GCC optimize("fp-contract=off")
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/conv_detail.h"
+#include "kernels/cpu/simd.h"
+#include "kernels/kernels.h"
+
+namespace mm3::kern {
+
+namespace {
+
+#define MM3_AVX512_TARGET __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl")))
+
+constexpr int kMR = 6;          // output channels per register tile
+constexpr int kNV = 4;          // 16-float vectors of outputs per register tile
+constexpr int kNR = 16 * kNV;   // outputs per register tile
+
+struct Packed {
+  int taps = 1;                // products per (output, input channel)
+  int phases = 1;              // weight pattern length: 1 (Conv1d) or the stride (ConvTranspose1d)
+  int64_t span = 0;            // slab columns the taps reach past a tile's last output
+  std::vector<int64_t> off;    // [taps] slab column offset of tap j from the output's column
+  int64_t cobs = 0;            // output-channel blocks, ceil(Cout / kMR)
+  std::vector<float> w;        // [cobs][Cin][taps][kMR][phases]; rows >= Cout are zero
+  std::vector<float> bias;     // [cobs·kMR] zero-padded; empty when the layer has no bias
+  // A ConvTranspose1d shape the direct kernel does not take keeps its torch-layout weight [Cin, Cout,
+  // K] here (and its bias, unpadded) and runs kern::conv_transpose1d's GEMM path.
+  std::vector<float> raw;
+};
+
+int64_t floordiv(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+// ---- register tiles ----
+
+struct TileIO {
+  float* part;           // partial sums: row m at part + m·part_ld (tile origin), used between slabs
+  int64_t part_ld;
+  bool first, last;      // first / last input-channel slab
+  float* y;              // row m of the tile at y + m·ldy
+  const float* res;      // residual rows (same layout as y) or null
+  int64_t ldy;
+  const float* bias;     // kMR values or null
+  int rows, cols;        // valid rows (<= kMR) and columns (<= kNR)
+  bool bf;
+};
+
+template <int S>
+MM3_AVX512_TARGET inline __m512 weight_512(const float* p) {
+  if constexpr (S == 1) {
+    return _mm512_set1_ps(*p);
+  } else if constexpr (S == 2) {
+    double d;
+    std::memcpy(&d, p, sizeof d);
+    return _mm512_castpd_ps(_mm512_set1_pd(d));
+  } else if constexpr (S == 4) {
+    return _mm512_broadcast_f32x4(_mm_loadu_ps(p));
+  } else if constexpr (S == 8) {
+    return _mm512_broadcast_f32x8(_mm256_loadu_ps(p));
+  } else {
+    static_assert(S == 16);
+    return _mm512_loadu_ps(p);
+  }
+}
+
+MM3_AVX512_TARGET inline __m512 round_bf16_512(__m512 v) {
+  __m512i u = _mm512_castps_si512(v);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  r = _mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
+  __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_mask_blend_ps(nan, _mm512_castsi512_ps(r), _mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000)));
+}
+
+template <int S>
+MM3_AVX512_TARGET void tile_avx512(const float* xs, int64_t ld, const float* w, int64_t kc, int taps,
+                                   const int64_t* off, const TileIO& io) {
+  __m512 acc[kMR][kNV];
+  if (io.first) {
+    for (int m = 0; m < kMR; ++m)
+      for (int v = 0; v < kNV; ++v) acc[m][v] = _mm512_setzero_ps();
+  } else {
+    for (int m = 0; m < kMR; ++m)
+      for (int v = 0; v < kNV; ++v) acc[m][v] = _mm512_loadu_ps(io.part + m * io.part_ld + 16 * v);
+  }
+  for (int64_t c = 0; c < kc; ++c) {
+    const float* xr = xs + c * ld;
+    for (int j = 0; j < taps; ++j) {
+      const float* xp = xr + off[j];
+      __m512 xv[kNV];
+      for (int v = 0; v < kNV; ++v) xv[v] = _mm512_loadu_ps(xp + 16 * v);
+      for (int m = 0; m < kMR; ++m) {
+        const __m512 wv = weight_512<S>(w + m * S);
+        for (int v = 0; v < kNV; ++v) acc[m][v] = _mm512_fmadd_ps(wv, xv[v], acc[m][v]);
+      }
+      w += kMR * S;
+    }
+  }
+  if (!io.last) {
+    for (int m = 0; m < kMR; ++m)
+      for (int v = 0; v < kNV; ++v) _mm512_storeu_ps(io.part + m * io.part_ld + 16 * v, acc[m][v]);
+    return;
+  }
+  for (int m = 0; m < io.rows; ++m) {
+    const __m512 b = io.bias ? _mm512_set1_ps(io.bias[m]) : _mm512_setzero_ps();
+    for (int v = 0; v < kNV && 16 * v < io.cols; ++v) {
+      const int n = io.cols - 16 * v;
+      const __mmask16 mk = n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1u);
+      __m512 val = acc[m][v];
+      if (io.bias) val = _mm512_add_ps(val, b);
+      if (io.bf) val = round_bf16_512(val);
+      if (io.res) {
+        val = _mm512_add_ps(_mm512_maskz_loadu_ps(mk, io.res + m * io.ldy + 16 * v), val);
+        if (io.bf) val = round_bf16_512(val);
+      }
+      _mm512_mask_storeu_ps(io.y + m * io.ldy + 16 * v, mk, val);
+    }
+  }
+}
+
+// The same tile without AVX-512: identical chains (std::fma is the fused multiply-add), lane l of a
+// pattern weight is w[m·S + l mod S].
+template <int S>
+void tile_portable(const float* xs, int64_t ld, const float* w, int64_t kc, int taps, const int64_t* off,
+                   const TileIO& io) {
+  float acc[kMR][kNR];
+  for (int m = 0; m < kMR; ++m)
+    for (int l = 0; l < kNR; ++l) acc[m][l] = io.first ? 0.f : io.part[m * io.part_ld + l];
+  for (int64_t c = 0; c < kc; ++c) {
+    const float* xr = xs + c * ld;
+    for (int j = 0; j < taps; ++j) {
+      const float* xp = xr + off[j];
+      for (int m = 0; m < kMR; ++m)
+        for (int l = 0; l < kNR; ++l) acc[m][l] = std::fma(w[m * S + l % S], xp[l], acc[m][l]);
+      w += kMR * S;
+    }
+  }
+  if (!io.last) {
+    for (int m = 0; m < kMR; ++m)
+      for (int l = 0; l < kNR; ++l) io.part[m * io.part_ld + l] = acc[m][l];
+    return;
+  }
+  const DType st = io.bf ? DType::BF16 : DType::F32;
+  for (int m = 0; m < io.rows; ++m)
+    for (int l = 0; l < io.cols; ++l) {
+      float v = acc[m][l];
+      if (io.bias) v = v + io.bias[m];
+      v = round_store(v, st);
+      if (io.res) v = round_store(io.res[m * io.ldy + l] + v, st);
+      io.y[m * io.ldy + l] = v;
+    }
+}
+
+using TileFn = void (*)(const float*, int64_t, const float*, int64_t, int, const int64_t*, const TileIO&);
+
+template <int S>
+TileFn pick_tile() {
+  return detail::cpu_has_avx512() ? &tile_avx512<S> : &tile_portable<S>;
+}
+
+TileFn tile_for(int phases) {
+  switch (phases) {
+    case 1: return pick_tile<1>();
+    case 2: return pick_tile<2>();
+    case 4: return pick_tile<4>();
+    case 8: return pick_tile<8>();
+    case 16: return pick_tile<16>();
+    default: break;
+  }
+  throw InternalError(fmt::format("conv_packed: no tile for {} weight phases", phases));
+}
+
+// ---- ConvTranspose1d slab rows ----
+
+// row[c] = line[(c + r0) / s] for c < n (0 <= r0 < s, s divides 16): each value repeated s times.
+// Vectors of 16 columns start at multiples of 16, so their source index is c/s + (l + r0)/s.
+MM3_AVX512_TARGET void expand_row_avx512(const float* line, float* row, int64_t n, int s, int r0) {
+  alignas(64) int32_t idx[16];
+  for (int l = 0; l < 16; ++l) idx[l] = (l + r0) / s;
+  const __m512i iv = _mm512_load_si512(idx);
+  for (int64_t c = 0; c < n; c += 16) {
+    const int64_t left = n - c;
+    const __mmask16 mk = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1u);
+    _mm512_mask_storeu_ps(row + c, mk, _mm512_permutexvar_ps(iv, _mm512_loadu_ps(line + c / s)));
+  }
+}
+
+void expand_row(const float* line, float* row, int64_t n, int s, int r0) {
+  if (detail::cpu_has_avx512()) {
+    expand_row_avx512(line, row, n, s, r0);
+    return;
+  }
+  for (int64_t c = 0; c < n; ++c) row[c] = line[(c + r0) / s];
+}
+
+// ---- packing ----
+
+std::shared_ptr<Packed> new_packed(int taps, int phases, int64_t Cin, int64_t Cout, const float* bias) {
+  auto p = std::make_shared<Packed>();
+  p->taps = taps;
+  p->phases = phases;
+  p->cobs = (Cout + kMR - 1) / kMR;
+  p->w.assign(static_cast<size_t>(p->cobs * Cin * taps * kMR * phases), 0.f);
+  if (bias) {
+    p->bias.assign(static_cast<size_t>(p->cobs * kMR), 0.f);
+    std::copy(bias, bias + Cout, p->bias.begin());
+  }
+  return p;
+}
+
+}  // namespace
+
+ConvWeight ConvWeight::conv1d(const float* w, const float* bias, int64_t Cout, int64_t Cin, int K, int pad,
+                              int dilation) {
+  MM3_CHECK(Cin > 0 && Cout > 0 && K > 0 && pad >= 0 && dilation > 0,
+            "ConvWeight::conv1d: Cin={} Cout={} K={} pad={} dilation={}", Cin, Cout, K, pad, dilation);
+  auto p = new_packed(K, 1, Cin, Cout, bias);
+  for (int k = 0; k < K; ++k) p->off.push_back(int64_t(k) * dilation);
+  p->span = int64_t(K - 1) * dilation;
+  for (int64_t co = 0; co < Cout; ++co)
+    for (int64_t ci = 0; ci < Cin; ++ci)
+      for (int k = 0; k < K; ++k)
+        p->w[static_cast<size_t>((((co / kMR) * Cin + ci) * K + k) * kMR + co % kMR)] = w[(co * Cin + ci) * K + k];
+  ConvWeight r;
+  r.transposed_ = false;
+  r.cin_ = Cin;
+  r.cout_ = Cout;
+  r.k_ = K;
+  r.pad_ = pad;
+  r.dilation_ = dilation;
+  r.packed = std::move(p);
+  return r;
+}
+
+ConvWeight ConvWeight::conv_transpose1d(const float* w, const float* bias, int64_t Cin, int64_t Cout, int K,
+                                        int stride, int pad, int output_padding) {
+  MM3_CHECK(Cin > 0 && Cout > 0 && K > 0 && stride > 0 && pad >= 0 && output_padding >= 0,
+            "ConvWeight::conv_transpose1d: Cin={} Cout={} K={} stride={} pad={} output_padding={}", Cin, Cout, K,
+            stride, pad, output_padding);
+  ConvWeight r;
+  r.transposed_ = true;
+  r.cin_ = Cin;
+  r.cout_ = Cout;
+  r.k_ = K;
+  r.stride_ = stride;
+  r.pad_ = pad;
+  r.output_padding_ = output_padding;
+  if (!transpose_packable(K, stride)) {
+    auto p = std::make_shared<Packed>();
+    p->raw.assign(w, w + Cin * Cout * K);
+    if (bias) p->bias.assign(bias, bias + Cout);
+    r.packed = std::move(p);
+    return r;
+  }
+  const int s = stride, J = K / s;
+  auto p = new_packed(J, s, Cin, Cout, bias);
+  for (int j = 0; j < J; ++j) p->off.push_back(int64_t(J - 1 - j) * s);
+  p->span = int64_t(J - 1) * s;
+  for (int64_t co = 0; co < Cout; ++co)
+    for (int64_t ci = 0; ci < Cin; ++ci)
+      for (int j = 0; j < J; ++j)
+        for (int l = 0; l < s; ++l) {
+          const int k = (l + pad) % s + j * s;  // lane l's phase, tap j
+          p->w[static_cast<size_t>(((((co / kMR) * Cin + ci) * J + j) * kMR + co % kMR) * s + l)] =
+              w[(ci * Cout + co) * K + k];
+        }
+  r.packed = std::move(p);
+  return r;
+}
+
+ConvWeight ConvWeight::rounded(DType store) const {
+  MM3_CHECK(packed, "ConvWeight::rounded on an empty weight");
+  auto p = std::make_shared<Packed>(*static_cast<const Packed*>(packed.get()));
+  round_to_store(p->w.data(), p->w.size(), store);  // packing only moves values (and adds zeros)
+  round_to_store(p->bias.data(), p->bias.size(), store);
+  round_to_store(p->raw.data(), p->raw.size(), store);
+  ConvWeight r = *this;
+  r.packed = std::move(p);
+  return r;
+}
+
+void conv_packed(const ThreadPool& pool, const ConvWeight& cw, const float* x, int64_t L, float* y, DType store,
+                 const ConvFusion& fusion) {
+  MM3_CHECK(!cw.empty() && L > 0, "conv_packed: empty weight or L={}", L);
+  const Packed& P = *static_cast<const Packed*>(cw.packed.get());
+  const int64_t Cin = cw.in_channels(), Cout = cw.out_channels(), Lout = cw.out_len(L);
+  MM3_CHECK(Lout > 0, "conv_packed: output length {} for L={}", Lout, L);
+  if (!P.raw.empty()) {
+    conv_transpose1d(pool, x, Cin, L, P.raw.data(), P.bias.empty() ? nullptr : P.bias.data(), Cout,
+                     cw.kernel_size(), cw.stride(), cw.pad(), cw.output_padding(), y, store, fusion);
+    return;
+  }
+  const bool tr = cw.transposed();
+  // Geometry of the slab's first column relative to a task's first output t0 (see the file comment).
+  const int stride = cw.stride(), pad = cw.pad(), J = P.taps;
+  const TileFn tile = tile_for(P.phases);
+  const bool bf = store == DType::BF16;
+
+  // Blocking (numerics do not depend on any of it). Tasks are (chunk of TC outputs, group of G
+  // output-channel blocks), taken from a counter by whichever thread is free: one synchronisation per
+  // call, so a thread the OS preempts (a shared machine) delays nobody until the end. Inside a task
+  // the input channels go in slabs of KC rows; each slab is packed once (Snake applied, zero padding,
+  // the s-fold repetition for ConvTranspose1d) into the thread's buffer, stays in L2, and every channel
+  // block of the group sweeps it with its KC·taps weights in L1. Partial sums wait in the thread's
+  // `part` between slabs. Each weight is read once per chunk (4/TC bytes per FMA) and each input value
+  // (and its Snake) is computed once per task.
+  const int workers = pool.size();
+  // Sizes measured on the vocoder's layers (Zen 5, 48 KiB L1, 1 MiB L2): multi-tap layers take slabs
+  // of 128 channels over chunks of up to 1024 outputs (~550 KiB); one-tap layers (few FMAs per slab
+  // value) take every channel (up to 768) over 256 outputs, which avoids partial sums.
+  const int64_t KC = std::min<int64_t>(Cin, P.taps == 1 ? 768 : 128);
+  const int64_t want = 8 * int64_t(workers);  // tasks, for balance
+  const int64_t TC = std::clamp<int64_t>(((Lout + want - 1) / want + kNR - 1) / kNR * kNR, 256,
+                                         P.taps == 1 ? 256 : 1024);
+  const int64_t n_tc = (Lout + TC - 1) / TC;
+  int64_t n_cg = 1;  // split the channels only when the chunks are too few (short inputs)
+  while (n_tc * n_cg < want && (P.cobs + 2 * n_cg - 1) / (2 * n_cg) >= 8) n_cg *= 2;
+  const int64_t G = (P.cobs + n_cg - 1) / n_cg;
+  const int64_t n_tasks = n_tc * n_cg;
+  int64_t ld = (TC + P.span + 15) / 16 * 16;  // slab row stride
+  if (ld % 1024 == 0) ld += 16;               // no 4 KiB-aliased rows
+  const bool multi = Cin > KC;                // partial sums between slabs
+
+  std::vector<float> inv;  // Snake reciprocals, once per call
+  if (fusion.snake_alpha) {
+    inv.resize(static_cast<size_t>(Cin));
+    for (int64_t c = 0; c < Cin; ++c) inv[static_cast<size_t>(c)] = detail::snake_inv(fusion.snake_alpha[c], store);
+  }
+
+  std::atomic<int64_t> next{0};
+  pool.parallel_for(
+      std::min<int64_t>(workers, n_tasks),
+      [&](int64_t, int64_t) {
+        std::vector<float> slab(static_cast<size_t>(KC * ld));
+        std::vector<float> part(multi ? static_cast<size_t>(G * kMR * TC) : 0);
+        // (wcols + r0) / s + 1 values, and a vector's worth more for expand_row's whole-vector reads.
+        std::vector<float> line(tr ? static_cast<size_t>((TC + P.span + 2 * stride) / stride + 16) : 0);
+        TileIO io{};
+        io.part_ld = TC;
+        io.ldy = Lout;
+        io.bf = bf;
+        for (int64_t task; (task = next.fetch_add(1)) < n_tasks;) {
+          const int64_t tc = task % n_tc, cg = task / n_tc;
+          const int64_t t0 = tc * TC, nt = std::min(TC, Lout - t0), ntp = (nt + kNR - 1) / kNR * kNR;
+          const int64_t cb0 = cg * G, cb1 = std::min(P.cobs, cb0 + G);
+          const int64_t wcols = ntp + P.span;  // slab columns this task reads
+          for (int64_t c0 = 0; c0 < Cin; c0 += KC) {
+            const int64_t kc = std::min(KC, Cin - c0);
+            // The slab: rows c0 .. c0+kc of the (Snake'd) input around [t0, t0 + ntp).
+            for (int64_t c = 0; c < kc; ++c) {
+              const int64_t ci = c0 + c;
+              const float* xr = x + ci * L;
+              float* row = slab.data() + c * ld;
+              auto act = [&](const float* src, float* dst, int64_t n) {
+                if (fusion.snake_alpha)
+                  detail::snake_row(src, fusion.snake_alpha[ci], inv[static_cast<size_t>(ci)], dst, n, store);
+                else
+                  std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+              };
+              if (!tr) {
+                const int64_t b0 = t0 - pad;  // input index of slab column 0
+                const int64_t a = std::clamp<int64_t>(-b0, 0, wcols), b = std::clamp<int64_t>(L - b0, a, wcols);
+                std::fill(row, row + a, 0.f);
+                if (b > a) act(xr + b0 + a, row + a, b - a);
+                std::fill(row + b, row + wcols, 0.f);
+              } else {
+                // Slab column cc holds x[floor((u0 + cc + pad) / s)], u0 = t0 − (J−1)·s: line[q − qa] holds
+                // x[q] (zero outside [0, L)) and column cc reads line[(cc + r0) / s], r0 = u0 + pad − qa·s.
+                const int64_t u0 = t0 - int64_t(J - 1) * stride;
+                const int64_t qa = floordiv(u0 + pad, stride), qb = floordiv(u0 + wcols - 1 + pad, stride);
+                const int64_t va = std::max<int64_t>(qa, 0), vb = std::min<int64_t>(qb + 1, L);  // valid q
+                const int r0 = static_cast<int>(u0 + pad - qa * stride);
+                std::fill(line.begin(), line.end(), 0.f);
+                if (vb > va) act(xr + va, line.data() + (va - qa), vb - va);
+                expand_row(line.data(), row, wcols, stride, r0);
+              }
+            }
+            io.first = c0 == 0;
+            io.last = c0 + kc == Cin;
+            for (int64_t cob = cb0; cob < cb1; ++cob) {
+              const float* wb = P.w.data() + ((cob * Cin + c0) * P.taps) * kMR * P.phases;
+              io.rows = static_cast<int>(std::min<int64_t>(kMR, Cout - cob * kMR));
+              io.bias = P.bias.empty() ? nullptr : P.bias.data() + cob * kMR;
+              for (int64_t t = 0; t < ntp; t += kNR) {
+                io.part = multi ? part.data() + ((cob - cb0) * kMR) * TC + t : nullptr;
+                io.cols = static_cast<int>(std::min<int64_t>(kNR, nt - t));
+                io.y = y + (cob * kMR) * Lout + t0 + t;
+                io.res = fusion.residual ? fusion.residual + (cob * kMR) * Lout + t0 + t : nullptr;
+                tile(slab.data() + t, ld, wb, kc, P.taps, P.off.data(), io);
+              }
+            }
+          }
+        }
+      },
+      1);
+}
+
+}  // namespace mm3::kern

@@ -1,0 +1,153 @@
+// conv_snake.cpp — the Snake activation row (conv_detail.h), used by kern::snake and by the direct
+// convolution's fused input pass (conv_direct.cpp); MODEL.md §5.1.
+//
+// Snake is x + (alpha + 1e-9).reciprocal() * sin(alpha * x).pow(2): torch's ops mul, sin, pow, mul, add
+// (each rounded to bf16 in a bf16 run; fp32 otherwise, fp-contract off so no FMA merges two of them).
+// The vocoder evaluates ~1e9 sines per window, so sin is vectorised (AVX-512, 16 lanes):
+//   j = nearest(x · 2/π); r = x − j·(π/2) by a three-part Cody–Waite split with FMAs. For |x| <= 8192
+//   the first step is exact (x and j·P1 are both multiples of 2^-23 or finer and |r| < 1), so r is
+//   good to ~1 ulp even next to a multiple of π/2; then sin r or cos r (Cephes sinf / cosf
+//   polynomials on |r| <= π/4) by the quadrant j mod 4. Measured: at most 1.52 ulps of the true
+//   sine's binade over every float within 4 ulps of a multiple of π/2 and 2M random |x| <= 8192
+//   (tests/unit/kernels_conv_snake.cpp checks <= 2).
+// Lanes with |x| > 8192, inf or NaN take std::sin (glibc sinf, which reduces exactly). torch itself
+// uses SLEEF's 1-ulp vector sinf, so neither matches torch bit for bit; all are within ~1-2 ulps.
+// Without AVX-512 the row is the plain scalar loop over std::sin.
+#pragma GCC optimize("fp-contract=off")
+
+#include <cmath>
+
+#include "kernels/cpu/conv_detail.h"
+#include "kernels/cpu/simd.h"
+
+namespace mm3::kern::detail {
+
+namespace {
+
+#define MM3_AVX512_TARGET __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl")))
+
+MM3_AVX512_TARGET inline __m512 round_bf16_512(__m512 v) {
+  __m512i u = _mm512_castps_si512(v);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  r = _mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
+  __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_mask_blend_ps(nan, _mm512_castsi512_ps(r), _mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000)));
+}
+
+// sin of 16 floats (see the file comment).
+MM3_AVX512_TARGET inline __m512 sin_512(__m512 x) {
+  // π/2 = P1 + P2 + P3 (P1, P2 the fp32 roundings of π/2 and of the remainder).
+  const __m512 P1 = _mm512_set1_ps(1.57079637050628662109375f);
+  const __m512 P2 = _mm512_set1_ps(-4.371138828673793e-8f);
+  const __m512 P3 = _mm512_set1_ps(-1.7151245100058819e-15f);
+  const __m512 jf = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(0.636619772367581343f)),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(jf, P1, x);
+  r = _mm512_fnmadd_ps(jf, P2, r);
+  r = _mm512_fnmadd_ps(jf, P3, r);
+  const __m512 z = _mm512_mul_ps(r, r);
+  // sin r = r + r·z·(s1 + z·(s2 + z·s3))
+  __m512 ps = _mm512_fmadd_ps(_mm512_set1_ps(-1.9515295891e-4f), z, _mm512_set1_ps(8.3321608736e-3f));
+  ps = _mm512_fmadd_ps(ps, z, _mm512_set1_ps(-1.6666654611e-1f));
+  const __m512 sr = _mm512_fmadd_ps(_mm512_mul_ps(ps, z), r, r);
+  // cos r = 1 − z/2 + z²·(c1 + z·(c2 + z·c3))
+  __m512 pc = _mm512_fmadd_ps(_mm512_set1_ps(2.443315711809948e-5f), z, _mm512_set1_ps(-1.388731625493765e-3f));
+  pc = _mm512_fmadd_ps(pc, z, _mm512_set1_ps(4.166664568298827e-2f));
+  const __m512 cr = _mm512_fmadd_ps(_mm512_mul_ps(pc, z), z, _mm512_fnmadd_ps(_mm512_set1_ps(0.5f), z, _mm512_set1_ps(1.f)));
+  const __m512i j = _mm512_cvtps_epi32(jf);  // exact: jf is an integer, |jf| <= 5216 on the vector path
+  const __mmask16 odd = _mm512_test_epi32_mask(j, _mm512_set1_epi32(1));
+  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(j, _mm512_set1_epi32(2)), 30);  // quadrants 2, 3
+  const __m512 v = _mm512_mask_blend_ps(odd, sr, cr);
+  return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), sign));
+}
+
+// std::sin on the lanes `big` of x, sin_512's values v elsewhere (rare: out of line).
+__attribute__((noinline, cold)) MM3_AVX512_TARGET __m512 sin_lanes_exact(__m512 x, __m512 v, __mmask16 big) {
+  alignas(64) float xs[16], vs[16];
+  _mm512_store_ps(xs, x);
+  _mm512_store_ps(vs, v);
+  for (int l = 0; l < 16; ++l)
+    if (big >> l & 1) vs[l] = std::sin(xs[l]);
+  return _mm512_load_ps(vs);
+}
+
+template <bool BF>
+MM3_AVX512_TARGET inline __m512 rnd_t(__m512 v) {
+  if constexpr (BF) return round_bf16_512(v);
+  return v;
+}
+
+// One vector of Snake: the ops mul, sin, square, mul, add, each rounded when BF.
+template <bool BF>
+MM3_AVX512_TARGET inline __m512 snake_512(__m512 xv, __m512 av, __m512 iv, __mmask16 valid) {
+  const __m512 ax = rnd_t<BF>(_mm512_mul_ps(av, xv));
+  __m512 s = sin_512(ax);
+  // |ax| > 8192, inf, NaN: std::sin (NLE_UQ is true for NaN).
+  const __mmask16 big = _mm512_mask_cmp_ps_mask(valid, _mm512_abs_ps(ax), _mm512_set1_ps(8192.f), _CMP_NLE_UQ);
+  if (__builtin_expect(big != 0, 0)) s = sin_lanes_exact(ax, s, big);
+  s = rnd_t<BF>(s);
+  const __m512 sq = rnd_t<BF>(_mm512_mul_ps(s, s));
+  const __m512 tm = rnd_t<BF>(_mm512_mul_ps(iv, sq));
+  return rnd_t<BF>(_mm512_add_ps(xv, tm));
+}
+
+template <bool BF>
+MM3_AVX512_TARGET void snake_row_avx512(const float* x, float alpha, float inv, float* y, int64_t n) {
+  const __m512 av = _mm512_set1_ps(alpha), iv = _mm512_set1_ps(inv);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(y + i, snake_512<BF>(_mm512_loadu_ps(x + i), av, iv, __mmask16(0xFFFF)));
+  if (i < n) {  // the tail: the same instructions on masked lanes
+    const __mmask16 m = __mmask16((1u << (n - i)) - 1u);
+    _mm512_mask_storeu_ps(y + i, m, snake_512<BF>(_mm512_maskz_loadu_ps(m, x + i), av, iv, m));
+  }
+}
+
+MM3_AVX512_TARGET void sin_row_avx512(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1u);
+    const __m512 xv = _mm512_maskz_loadu_ps(m, x + i);
+    __m512 s = sin_512(xv);
+    const __mmask16 big = _mm512_mask_cmp_ps_mask(m, _mm512_abs_ps(xv), _mm512_set1_ps(8192.f), _CMP_NLE_UQ);
+    if (big) s = sin_lanes_exact(xv, s, big);
+    _mm512_mask_storeu_ps(y + i, m, s);
+  }
+}
+
+}  // namespace
+
+void sin_row(const float* x, float* y, int64_t n) {
+  if (cpu_has_avx512()) {
+    sin_row_avx512(x, y, n);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) y[i] = std::sin(x[i]);
+}
+
+float snake_inv(float alpha, DType store) {
+  return store == DType::BF16 ? round_bf16(1.0f / round_bf16(alpha + 1e-9f)) : 1.0f / (alpha + 1e-9f);
+}
+
+void snake_row(const float* x, float alpha, float inv, float* y, int64_t n, DType store) {
+  const bool bf = store == DType::BF16;
+  if (cpu_has_avx512()) {
+    if (bf)
+      snake_row_avx512<true>(x, alpha, inv, y, n);
+    else
+      snake_row_avx512<false>(x, alpha, inv, y, n);
+    return;
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    const float xv = x[t];
+    if (bf) {
+      const float s = round_bf16(std::sin(round_bf16(alpha * xv)));
+      y[t] = round_bf16(xv + round_bf16(inv * round_bf16(s * s)));
+    } else {
+      const float s = std::sin(alpha * xv);
+      y[t] = xv + inv * (s * s);
+    }
+  }
+}
+
+}  // namespace mm3::kern::detail
