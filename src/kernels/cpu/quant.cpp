@@ -343,8 +343,17 @@ inline float lane_tree(const float* acc) {
   return t2[0] + t2[1];
 }
 
-// ---- portable scalar path: out[m * N + n] = r (before bias) for n in [n0, n1) ----
-void gemv_scalar(const QuantActs& a, const QuantMatrix& w, int64_t n0, int64_t n1, float* out, int64_t N) {
+// Where a GEMV body puts output (m, n): y[m * ldy + n] = round_store(r + bias[n]).
+struct GemvOut {
+  float* y;
+  int64_t ldy;
+  const float* bias;
+  DType store;
+  void put(int64_t m, int64_t n, float r) const { y[m * ldy + n] = round_store(bias ? r + bias[n] : r, store); }
+};
+
+// ---- portable scalar path: rows [n0, n1) ----
+void gemv_scalar(const QuantActs& a, const QuantMatrix& w, int64_t n0, int64_t n1, const GemvOut& out) {
   const int64_t S = w.superblocks(), nblk = a.Kp / kQuantBlock;
   const bool i8 = w.type() == QuantType::Int8;
   for (int64_t n = n0; n < n1; ++n) {
@@ -375,7 +384,7 @@ void gemv_scalar(const QuantActs& a, const QuantMatrix& w, int64_t n0, int64_t n
           if (!i8) acc[l] = std::fma(f16_bits_to_f32(sc[32 * s + 16 + l]), a.sxdx[size_t(m * nblk + b)], acc[l]);
         }
       }
-      out[m * N + n] = lane_tree(acc);
+      out.put(m, n, lane_tree(acc));
     }
   }
 }
@@ -393,7 +402,7 @@ MM3_Q_TARGET inline float lane_tree_v(__m512 acc) {
 
 // NB rows n..n+NB-1, M activation rows.
 template <int M, int NB, bool I8>
-MM3_Q_TARGET inline void gemv_rows_vnni(const QuantActs& a, const QuantMatrix& w, int64_t n, float* out, int64_t N) {
+MM3_Q_TARGET inline void gemv_rows_vnni(const QuantActs& a, const QuantMatrix& w, int64_t n, const GemvOut& out) {
   const int64_t S = w.superblocks(), nblk = a.Kp / kQuantBlock;
   __m512 acc[NB][M];
   for (int r = 0; r < NB; ++r)
@@ -436,18 +445,18 @@ MM3_Q_TARGET inline void gemv_rows_vnni(const QuantActs& a, const QuantMatrix& w
     }
   }
   for (int r = 0; r < NB; ++r)
-    for (int m = 0; m < M; ++m) out[m * N + n + r] = lane_tree_v(acc[r][m]);
+    for (int m = 0; m < M; ++m) out.put(m, n + r, lane_tree_v(acc[r][m]));
 }
 
 template <int M, bool I8>
-MM3_Q_TARGET void gemv_vnni(const QuantActs& a, const QuantMatrix& w, int64_t n0, int64_t n1, float* out, int64_t N) {
+MM3_Q_TARGET void gemv_vnni(const QuantActs& a, const QuantMatrix& w, int64_t n0, int64_t n1, const GemvOut& out) {
   constexpr int NB = M <= 2 ? 4 : 2;
   int64_t n = n0;
-  for (; n + NB <= n1; n += NB) gemv_rows_vnni<M, NB, I8>(a, w, n, out, N);
-  for (; n < n1; ++n) gemv_rows_vnni<M, 1, I8>(a, w, n, out, N);
+  for (; n + NB <= n1; n += NB) gemv_rows_vnni<M, NB, I8>(a, w, n, out);
+  for (; n < n1; ++n) gemv_rows_vnni<M, 1, I8>(a, w, n, out);
 }
 
-using GemvFn = void (*)(const QuantActs&, const QuantMatrix&, int64_t, int64_t, float*, int64_t);
+using GemvFn = void (*)(const QuantActs&, const QuantMatrix&, int64_t, int64_t, const GemvOut&);
 
 template <bool I8>
 GemvFn pick_vnni(int64_t M) {
@@ -481,23 +490,18 @@ void quant_gemv(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, 
   MM3_CHECK(M >= 1 && M <= 4 && ldx >= K && ldy >= N, "quant_gemv: M={} ldx={} ldy={} for [{}, {}]", M, ldx, ldy, N, K);
   if (isa == QuantIsa::Auto) isa = cpu_has_vnni() ? QuantIsa::Avx512Vnni : QuantIsa::Scalar;
   MM3_CHECK(quant_isa_available(isa), "quant_gemv: the requested ISA is not available on this CPU");
-  QuantActs a;
+  // Reused per calling thread (no allocation per call). A local reference, so that the workers'
+  // chunks read the caller's buffers and not their own thread_local instances.
+  thread_local QuantActs tl_acts;
+  QuantActs& a = tl_acts;
   quantize_acts(x, M, ldx, K, a, isa == QuantIsa::Scalar);
-  std::vector<float> sums(static_cast<size_t>(M * N));
+  const GemvOut out{y, ldy, bias, store};
   const bool i8 = w.type() == QuantType::Int8;
   GemvFn fn = isa == QuantIsa::Scalar ? gemv_scalar : (i8 ? pick_vnni<true>(M) : pick_vnni<false>(M));
   const int64_t row_bytes = w.row_qs_bytes() + 2 * w.row_scales();
   const int64_t min_rows = std::max<int64_t>(1, (64 * 1024) / row_bytes);
   pool.parallel_for(
-      N,
-      [&](int64_t n0, int64_t n1) {
-        fn(a, w, n0, n1, sums.data(), N);
-        for (int64_t m = 0; m < M; ++m)
-          for (int64_t n = n0; n < n1; ++n) {
-            const float r = sums[size_t(m * N + n)];
-            y[m * ldy + n] = round_store(bias ? r + bias[n] : r, store);
-          }
-      },
+      N, [&](int64_t n0, int64_t n1) { fn(a, w, n0, n1, out); },
       min_rows);
 }
 
