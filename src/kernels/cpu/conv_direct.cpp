@@ -34,6 +34,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "kernels/cpu/conv_detail.h"
@@ -365,10 +366,16 @@ void conv_packed(const ThreadPool& pool, const ConvWeight& cw, const float* x, i
   pool.parallel_for(
       std::min<int64_t>(workers, n_tasks),
       [&](int64_t, int64_t) {
-        std::vector<float> slab(static_cast<size_t>(KC * ld));
-        std::vector<float> part(multi ? static_cast<size_t>(G * kMR * TC) : 0);
-        // (wcols + r0) / s + 1 values, and a vector's worth more for expand_row's whole-vector reads.
-        std::vector<float> line(tr ? static_cast<size_t>((TC + P.span + 2 * stride) / stride + 16) : 0);
+        // Scratch, not zeroed (no page is read before this task writes it): the slab's columns are all
+        // written up to the last one a tile reads, partial sums are read only after a slab stored them,
+        // and `line` is cleared before each use.
+        const size_t line_n = tr ? static_cast<size_t>((TC + P.span + 2 * stride) / stride + 16) : 0;
+        std::unique_ptr<float[]> slab_buf(new float[static_cast<size_t>(KC * ld)]);
+        std::unique_ptr<float[]> part_buf(multi ? new float[static_cast<size_t>(G * kMR * TC)] : nullptr);
+        std::unique_ptr<float[]> line_buf(tr ? new float[line_n] : nullptr);
+        float* const slab = slab_buf.get();
+        float* const part = part_buf.get();
+        float* const line = line_buf.get();
         TileIO io{};
         io.part_ld = TC;
         io.ldy = Lout;
@@ -384,7 +391,7 @@ void conv_packed(const ThreadPool& pool, const ConvWeight& cw, const float* x, i
             for (int64_t c = 0; c < kc; ++c) {
               const int64_t ci = c0 + c;
               const float* xr = x + ci * L;
-              float* row = slab.data() + c * ld;
+              float* row = slab + c * ld;
               auto act = [&](const float* src, float* dst, int64_t n) {
                 if (fusion.snake_alpha)
                   detail::snake_row(src, fusion.snake_alpha[ci], inv[static_cast<size_t>(ci)], dst, n, store);
@@ -404,9 +411,9 @@ void conv_packed(const ThreadPool& pool, const ConvWeight& cw, const float* x, i
                 const int64_t qa = floordiv(u0 + pad, stride), qb = floordiv(u0 + wcols - 1 + pad, stride);
                 const int64_t va = std::max<int64_t>(qa, 0), vb = std::min<int64_t>(qb + 1, L);  // valid q
                 const int r0 = static_cast<int>(u0 + pad - qa * stride);
-                std::fill(line.begin(), line.end(), 0.f);
-                if (vb > va) act(xr + va, line.data() + (va - qa), vb - va);
-                expand_row(line.data(), row, wcols, stride, r0);
+                std::fill(line, line + line_n, 0.f);
+                if (vb > va) act(xr + va, line + (va - qa), vb - va);
+                expand_row(line, row, wcols, stride, r0);
               }
             }
             io.first = c0 == 0;
@@ -416,11 +423,11 @@ void conv_packed(const ThreadPool& pool, const ConvWeight& cw, const float* x, i
               io.rows = static_cast<int>(std::min<int64_t>(kMR, Cout - cob * kMR));
               io.bias = P.bias.empty() ? nullptr : P.bias.data() + cob * kMR;
               for (int64_t t = 0; t < ntp; t += kNR) {
-                io.part = multi ? part.data() + ((cob - cb0) * kMR) * TC + t : nullptr;
+                io.part = multi ? part + ((cob - cb0) * kMR) * TC + t : nullptr;
                 io.cols = static_cast<int>(std::min<int64_t>(kNR, nt - t));
                 io.y = y + (cob * kMR) * Lout + t0 + t;
                 io.res = fusion.residual ? fusion.residual + (cob * kMR) * Lout + t0 + t : nullptr;
-                tile(slab.data() + t, ld, wb, kc, P.taps, P.off.data(), io);
+                tile(slab + t, ld, wb, kc, P.taps, P.off.data(), io);
               }
             }
           }
