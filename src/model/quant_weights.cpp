@@ -5,6 +5,9 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <algorithm>
+#include <cstring>
+#include <cstdlib>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -69,10 +72,41 @@ void release_pages(const Tensor& w) {
   const uintptr_t pb = (b + page - 1) / page * page, pe = e / page * page;  // whole pages inside only
   if (pe > pb) ::madvise(reinterpret_cast<void*>(pb), pe - pb, MADV_DONTNEED);
 }
+
+
+bool weights_stay_mapped() {
+  const char* e = std::getenv("MM3_MMAP_WEIGHTS");
+  return e && *e && std::string(e) != "0";
+}
+
+// A bf16 weight streamed at every decode step is copied out of the file mapping into huge-page
+// memory (core/tensor.cpp alloc_aligned) and its mapped pages released: same bytes, same resident
+// size, but the stream no longer walks 4 KiB file pages (ar_frame 1.21 s -> see issue 8's note).
+// MM3_MMAP_WEIGHTS=1 keeps the old zero-copy views (for comparison).
+Tensor resident_copy(const Tensor& w, const ThreadPool* pool) {
+  if (!w.is_borrowed() || w.nbytes() < (size_t(4) << 20) || weights_stay_mapped()) return w;
+  Tensor src = w.contiguous();
+  Tensor dst = Tensor::empty(w.dtype(), w.shape());
+  const auto* s = static_cast<const unsigned char*>(src.raw());
+  auto* d = static_cast<unsigned char*>(dst.raw());
+  const size_t n = w.nbytes(), chunk = size_t(8) << 20;
+  const int64_t parts = static_cast<int64_t>((n + chunk - 1) / chunk);
+  auto copy = [&](int64_t i) {
+    const size_t b = static_cast<size_t>(i) * chunk, e = std::min(n, b + chunk);
+    std::memcpy(d + b, s + b, e - b);
+  };
+  if (pool) {
+    pool->parallel_for(parts, [&](int64_t b, int64_t e) { for (int64_t i = b; i < e; ++i) copy(i); }, 1);
+  } else {
+    for (int64_t i = 0; i < parts; ++i) copy(i);
+  }
+  release_pages(w);
+  return dst;
+}
 }  // namespace
 
 kern::LinearWeight make_linear(const Tensor& w, const std::string& key, QuantType t, const QuantLoad& q) {
-  if (t == QuantType::None) return kern::LinearWeight(w);
+  if (t == QuantType::None) return kern::LinearWeight(resident_copy(w, q.pool));
   const int64_t N = w.dim(0), K = w.dim(1);
   if (q.sidecar) {
     const SafetensorsFile& f = *q.sidecar;

@@ -175,3 +175,41 @@ TEST(ModelsQuant, SidecarDefectsAreBadModel) {
 
 }  // namespace
 }  // namespace mm3
+
+namespace mm3 {
+namespace {
+
+// A bf16 weight of >= 4 MiB mapped from its file is copied out of the mapping (huge-page memory,
+// quant_weights.h make_linear): the LinearWeight no longer borrows the file, holds the same bytes,
+// and the file's view still reads the same. MM3_MMAP_WEIGHTS=1 keeps the zero-copy view; small
+// weights are always views. RED: a copy that skipped its last partial 8 MiB chunk failed the byte
+// comparison (5 MiB + 2 rows: chunking is exercised).
+TEST(ModelsQuant, LargeMappedWeightsAreResidentCopies) {
+  TempDir dir;
+  const int64_t N = 1284, K = 2048;  // 5.01 MiB of bf16
+  std::vector<float> v(size_t(N * K));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>((i * 2654435761u) % 1000) / 997.0f - 0.5f;
+  const std::string path = dir.sub("w") + "/w.safetensors";
+  write_safetensors(path, {{"big", Tensor::from_f32(v, {N, K}).to(DType::BF16)},
+                           {"small", Tensor::from_f32(std::vector<float>(64 * 32, 0.25f), {64, 32}).to(DType::BF16)}});
+  SafetensorsFile f(path);
+  const Tensor big = f.get("big"), small = f.get("small");
+  ASSERT_TRUE(big.is_borrowed());
+
+  ::unsetenv("MM3_MMAP_WEIGHTS");
+  const kern::LinearWeight w = make_linear(big, "big", QuantType::None, {});
+  EXPECT_FALSE(w.weight().is_borrowed());
+  EXPECT_NE(w.weight().raw(), big.raw());
+  EXPECT_EQ(w.weight().shape(), big.shape());
+  EXPECT_EQ(w.weight().dtype(), DType::BF16);
+  ASSERT_EQ(w.weight().nbytes(), big.nbytes());
+  EXPECT_EQ(std::memcmp(w.weight().raw(), big.raw(), big.nbytes()), 0);
+  EXPECT_EQ(make_linear(small, "small", QuantType::None, {}).weight().raw(), small.raw());
+
+  ::setenv("MM3_MMAP_WEIGHTS", "1", 1);
+  EXPECT_EQ(make_linear(big, "big", QuantType::None, {}).weight().raw(), big.raw());
+  ::unsetenv("MM3_MMAP_WEIGHTS");
+}
+
+}  // namespace
+}  // namespace mm3
