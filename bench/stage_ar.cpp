@@ -4,6 +4,7 @@
 //   ar_frame     one whole AR step: sampleable logits (16385 head rows) + CFG + c0 pre-mask + draw,
 //                the depth decoder's 7 steps (guided, drawn), the frame feedback embedding and one LM
 //                decode step (M = 2), the KV cache rewound to 512 after each run;
+//   lm_step      the LM decode step of ar_frame alone (M = 2), the cache rewound after each run;
 //   depth_frame  RvqDepth::decode_frame alone (7 depth steps, batch 2, guided draws);
 //   prefill_512  Qwen3Lm::forward over 2 × 512 prompt tokens into an empty cache.
 // The BF16 profile (the reference's) throughout. The prompt ids are a deterministic synthetic text row
@@ -177,6 +178,35 @@ RegisterStage reg_ar_frame{{
                     {"prefill_512_s_setup", b->prefill_s},
                     {"lm_weight_bytes", s.lm_layers + s.lm_head},
                     {"depth_weight_bytes", dsteps * s.depth_step + s.depth_heads},
+                    {"kv_bytes_read_not_counted", s.kv_read}};
+          return r;
+        },
+}};
+
+// The LM decode step of ar_frame alone, so its distance from the weight-stream floor shows apart from
+// the depth decoder's and the head's.
+RegisterStage reg_lm_step{{
+    .name = "lm_step",
+    .description = "Qwen3Lm::forward(S=1, B=2): one LM decode step of the 2 CFG rows over a 512-token cached "
+                   "prompt (rewound after each run), BF16; bytes = LM layer weights (KV reads not counted)",
+    .needs_model = true,
+    .setup =
+        [](const BenchContext& ctx) {
+          const ThreadPool& pool = ctx.pool();
+          auto b = std::make_shared<ArBench>(ctx.checkpoint(), pool, 1);
+          b->prefill(pool, b->h0.data());
+          const Sizes s = sizes(ctx.checkpoint(), *b);
+          // The input rows: the prefill's last hiddens stand in for a frame embedding (same work).
+          std::memcpy(b->x1.data(), b->h0.data(), sizeof(float) * b->x1.size());
+          StageRun r;
+          r.run = [b, &pool] {
+            b->lm->forward(pool, b->x1.data(), 2, 1, b->cache, b->scr, b->h.data(), /*all_positions=*/false, kPrec);
+            b->cache.set_length(kPromptTokens);
+          };
+          r.bytes = s.lm_layers;
+          r.info = {{"kv_len", kPromptTokens},
+                    {"rows", 2},
+                    {"precision", "bf16"},
                     {"kv_bytes_read_not_counted", s.kv_read}};
           return r;
         },
