@@ -76,6 +76,40 @@ RegisterStage gemv_bf16{{
     .setup = [](const BenchContext& ctx) { return linear_stage(ctx, 2, 12288, 4096, DType::BF16, DType::BF16, true); },
 }};
 
+// The other decode GEMV shapes of one LM layer, and the fused forms (q|k|v rows, gate|up rows): how
+// the streaming rate depends on the matrix size, i.e. what one call per small matrix costs.
+RegisterStage gemv_bf16_kv{{
+    .name = "gemv_bf16_4096x1024_m2",
+    .description = "kern::linear M=2 over a BF16 [1024, 4096] weight (LM k_proj / v_proj), cycling copies "
+                   "(512 MB) so it streams from memory; bytes = weight bytes streamed",
+    .needs_model = false,
+    .setup = [](const BenchContext& ctx) { return linear_stage(ctx, 2, 1024, 4096, DType::BF16, DType::BF16, true); },
+}};
+
+RegisterStage gemv_bf16_q{{
+    .name = "gemv_bf16_4096x4096_m2",
+    .description = "kern::linear M=2 over a BF16 [4096, 4096] weight (LM q_proj / o_proj), cycling copies "
+                   "(512 MB) so it streams from memory; bytes = weight bytes streamed",
+    .needs_model = false,
+    .setup = [](const BenchContext& ctx) { return linear_stage(ctx, 2, 4096, 4096, DType::BF16, DType::BF16, true); },
+}};
+
+RegisterStage gemv_bf16_qkv{{
+    .name = "gemv_bf16_4096x6144_m2",
+    .description = "kern::linear M=2 over a BF16 [6144, 4096] weight (LM q|k|v fused), cycling copies "
+                   "(512 MB) so it streams from memory; bytes = weight bytes streamed",
+    .needs_model = false,
+    .setup = [](const BenchContext& ctx) { return linear_stage(ctx, 2, 6144, 4096, DType::BF16, DType::BF16, true); },
+}};
+
+RegisterStage gemv_bf16_gateup{{
+    .name = "gemv_bf16_4096x24576_m2",
+    .description = "kern::linear M=2 over a BF16 [24576, 4096] weight (LM gate|up fused), cycling copies "
+                   "(576 MB) so it streams from memory; bytes = weight bytes streamed",
+    .needs_model = false,
+    .setup = [](const BenchContext& ctx) { return linear_stage(ctx, 2, 24576, 4096, DType::BF16, DType::BF16, true); },
+}};
+
 RegisterStage gemm_bf16{{
     .name = "gemm_bf16_689x2048x8192",
     .description = "kern::linear M=689 N=2048 K=8192, BF16 weight, BF16 store (DiT ff_out size in a bf16 "
@@ -165,6 +199,39 @@ RegisterStage attention_dit{{
           r.bytes = 4.0 * 4 * S * ld;
           r.flops = 4.0 * S * S * H * D;  // q.k and p.v, 2 flops per multiply-add each
           r.info = {{"S", S}, {"heads", H}, {"head_dim", D}, {"causal", false}};
+          return r;
+        },
+}};
+
+RegisterStage attention_lm_decode{{
+    .name = "attention_lm_decode_513",
+    .description = "kern::attention of one LM decode step: 36 layers x 2 CFG rows, each 1 query (32 heads x 128, "
+                   "GQA 8 KV heads) over 513 cached BF16 keys (a 512-token prompt + the new one), causal, BF16; "
+                   "72 separate KV buffers (151 MB) so it streams from memory; bytes = K + V read",
+    .needs_model = false,
+    .setup =
+        [](const BenchContext& ctx) {
+          const ThreadPool& pool = ctx.pool();
+          constexpr int kLayers = 36, kRows = 2, H = 32, Hkv = 8, D = 128;
+          constexpr int64_t S = 513, ldq = int64_t(H) * D, ldkv = int64_t(Hkv) * D;
+          const int64_t per = S * ldkv;  // bf16 elements of K (or V) per buffer
+          // A Tensor like the real KvCache (>= 4 MiB: 2 MiB-aligned, huge-page advised).
+          const Tensor kv = random_tensor(pool, DType::BF16, {2 * kLayers * kRows, per}, 1.f, 11);
+          auto q = random_f32(pool, kRows * ldq, 1.f, 12);
+          round_to_store(q->data(), q->size(), DType::BF16);
+          auto o = std::make_shared<std::vector<float>>(static_cast<size_t>(kRows * ldq));
+          StageRun r;
+          r.run = [&pool, kv, q, o, per] {
+            for (int l = 0; l < kLayers; ++l)
+              for (int b = 0; b < kRows; ++b) {
+                const uint16_t* k = static_cast<const uint16_t*>(kv.raw()) + size_t(2 * (l * kRows + b)) * per;
+                kern::attention(pool, q->data() + b * ldq, ldq, k, k + per, ldkv, DType::BF16, o->data() + b * ldq,
+                                ldq, 1, S, H, Hkv, D, 1.f / std::sqrt(float(D)), true, S - 1, DType::BF16, S);
+              }
+          };
+          r.bytes = double(kv.nbytes());
+          r.flops = 4.0 * kLayers * kRows * S * H * D;
+          r.info = {{"layers", kLayers}, {"rows", kRows}, {"keys", S}, {"heads", H}, {"kv_heads", Hkv}, {"head_dim", D}};
           return r;
         },
 }};
