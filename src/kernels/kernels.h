@@ -48,18 +48,35 @@ class LinearWeight {
   const QuantMatrix* quant() const { return quant_.get(); }
   const std::shared_ptr<const QuantMatrix>& quant_ptr() const { return quant_; }
   QuantType quant_type() const { return quant_ ? quant_->type() : QuantType::None; }
-  // Bytes one pass over the weight reads (the quantized blocks + scales, or the dense tensor).
-  size_t weight_bytes() const { return quant_ ? quant_->bytes() : w_.nbytes(); }
-  // Backend-private prepacked form (e.g. oneDNN blocked bf16); null when not packed.
-  std::shared_ptr<const void> packed;
+  // Bytes one pass over the weight reads (the quantized blocks + scales, the blocked bf16 form, or
+  // the dense tensor).
+  size_t weight_bytes() const { return quant_ ? quant_->bytes() : gemm_ ? gemm_bytes_ : w_.nbytes(); }
+  // The backend's blocked bf16 GEMM form (gemm_only_bf16); then weight() is an empty Tensor.
+  bool gemm_packed() const { return gemm_ != nullptr; }
+  const void* gemm_form() const { return gemm_.get(); }
+  // Backend use (gemm_only_bf16): a weight held only in a blocked form of `bytes` bytes.
+  LinearWeight(int64_t out, int64_t in, std::shared_ptr<const void> gemm_form, size_t bytes, Tensor bias);
 
  private:
   void set_bias(Tensor bias);
   Tensor w_, b_;
   std::shared_ptr<const QuantMatrix> quant_;
+  std::shared_ptr<const void> gemm_;
+  size_t gemm_bytes_ = 0;
   std::vector<float> bias_f32_;
   int64_t out_ = 0, in_ = 0;
 };
+
+// A copy of `w` (F32 or BF16, rounded to bf16) for a bf16 computation that only ever runs it as a
+// GEMM: held in the backend's blocked bf16 layout (CPU: oneDNN's matmul weights format, packed once;
+// oneDNN brgemm measured 690-790 GFLOP/s on 2 Zen 5 cores at the DiT shapes against 515 for
+// gemm_nt's bf16 path and ~550 for oneDNN on the plain layout), and the plain tensor is not kept.
+// `linear` on it needs store == BF16 (InternalError otherwise) and takes oneDNN for every M; x must
+// be bf16-valued. Results are deterministic; oneDNN's summation order is its own (fp32 accumulation
+// of exact bf16 products), and unlike gemm_nt it does not promise thread-count independence (the
+// shapes tested in kernels_linear_dnnl.cpp are bitwise equal on 1 and 2 threads). Where oneDNN
+// offers no blocked bf16 kernel (no AVX512-BF16 / AMX) this returns the plain bf16 weight instead.
+LinearWeight gemm_only_bf16(const LinearWeight& w);
 
 // y[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]), for m < M. x rows stride ldx >= in, y rows stride
 // ldy >= out. Accumulates in fp32; the result is rounded once to `store`. Small M (decode, M <= 2..4)

@@ -20,6 +20,12 @@ LinearWeight::LinearWeight(std::shared_ptr<const QuantMatrix> quant, Tensor bias
   set_bias(std::move(bias));
 }
 
+LinearWeight::LinearWeight(int64_t out, int64_t in, std::shared_ptr<const void> gemm_form, size_t bytes, Tensor bias)
+    : gemm_(std::move(gemm_form)), gemm_bytes_(bytes), out_(out), in_(in) {
+  if (!gemm_ || out <= 0 || in <= 0) throw InternalError("LinearWeight: empty blocked GEMM form");
+  set_bias(std::move(bias));
+}
+
 void LinearWeight::set_bias(Tensor bias) {
   b_ = std::move(bias);
   if (b_.raw() == nullptr) b_ = Tensor();

@@ -98,24 +98,26 @@ const DiT::Weights& DiT::weights(DType compute) const {
     auto w = std::make_unique<Weights>();
     const Weights& s = *f32_;
     w->fourier = rounded(s.fourier);
+    // Weights only ever multiplied as GEMMs (rows = tokens) are held in the backend's blocked bf16
+    // form (kernels.h gemm_only_bf16: oneDNN); the time MLP runs with M = batch, a GEMV.
     w->t1 = to_bf16(s.t1);
     w->t2 = to_bf16(s.t2);
-    w->pre = to_bf16(s.pre);
-    w->proj_in = to_bf16(s.proj_in);
-    w->proj_out = to_bf16(s.proj_out);
-    w->post = to_bf16(s.post);
+    w->pre = kern::gemm_only_bf16(s.pre);
+    w->proj_in = kern::gemm_only_bf16(s.proj_in);
+    w->proj_out = kern::gemm_only_bf16(s.proj_out);
+    w->post = kern::gemm_only_bf16(s.post);
     for (const auto& sb : s.blocks) {
       Weights::Block bl;
       bl.ln1_w = rounded(sb.ln1_w);
       bl.ln1_b = rounded(sb.ln1_b);
       bl.ln2_w = rounded(sb.ln2_w);
       bl.ln2_b = rounded(sb.ln2_b);
-      bl.q = to_bf16(sb.q);
-      bl.k = to_bf16(sb.k);
-      bl.v = to_bf16(sb.v);
-      bl.o = to_bf16(sb.o);
-      bl.ff_in = to_bf16(sb.ff_in);
-      bl.ff_out = to_bf16(sb.ff_out);
+      bl.q = kern::gemm_only_bf16(sb.q);
+      bl.k = kern::gemm_only_bf16(sb.k);
+      bl.v = kern::gemm_only_bf16(sb.v);
+      bl.o = kern::gemm_only_bf16(sb.o);
+      bl.ff_in = kern::gemm_only_bf16(sb.ff_in);
+      bl.ff_out = kern::gemm_only_bf16(sb.ff_out);
       w->blocks.push_back(std::move(bl));
     }
     bf16_ = std::move(w);

@@ -30,4 +30,9 @@ void gemm_ex(const ThreadPool& pool, const float* A, int64_t a_rs, int64_t a_cs,
              DType b_dtype, int64_t ldb, bool b_kmajor, int64_t N, int64_t K, const float* bias, float* C, int64_t ldc,
              DType store, bool bf16_dot);
 
+// y[m, n] = round_bf16(sum_k x[m, k] W[n, k] + bias[n]) by oneDNN on a gemm_only_bf16 weight's
+// blocked form (gemm_dnnl.cpp); x bf16-valued, bias the weight's fp32 bias or null.
+void dnnl_linear_bf16(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const void* form,
+                      const float* bias, float* y, int64_t ldy);
+
 }  // namespace mm3::kern::detail

@@ -9,6 +9,7 @@
 // * M <= 4 (decode): a GEMV that streams each weight row once for all M rows, parallel over output
 //   rows. ISA picked at runtime (AVX-512 [+BF16 dot products] / AVX2+FMA / scalar). Each output is
 //   computed by one thread with a fixed order, so results do not depend on the thread count.
+// * A gemm_only_bf16 weight (bf16 computation, blocked layout): oneDNN's matmul, gemm_dnnl.cpp.
 // * M > 4: the blocked GEMM in gemm_nt.cpp (fp32 FMA chains, or AVX512-BF16 pair dots for a bf16
 //   computation). Not OpenBLAS: its sgemm results change with the thread count (see gemm_nt.h).
 #pragma GCC optimize("fp-contract=off")
@@ -330,9 +331,15 @@ void linear_gemm(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx,
 void linear(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const LinearWeight& w, float* y,
             int64_t ldy, DType store) {
   const int64_t N = w.out_features(), K = w.in_features();
-  MM3_CHECK(N > 0 && K > 0, "linear: empty weight {}", w.weight().describe());
+  MM3_CHECK(N > 0 && K > 0, "linear: empty weight [{}, {}]", N, K);
   MM3_CHECK(M >= 0 && ldx >= K && ldy >= N, "linear: M={} ldx={} ldy={} for weight [{}, {}]", M, ldx, ldy, N, K);
   if (M == 0) return;
+  if (w.gemm_packed()) {  // gemm_only_bf16: oneDNN for every M (gemm_dnnl.cpp)
+    MM3_CHECK(store == DType::BF16, "linear: a gemm_only_bf16 weight [{}, {}] needs store BF16, not {}", N, K,
+              dtype_name(store));
+    detail::dnnl_linear_bf16(pool, x, M, ldx, w.gemm_form(), w.bias_f32(), y, ldy);
+    return;
+  }
   if (w.quantized()) {  // kernels/quant.h
     if (M <= kGemvMaxM)
       detail::quant_gemv(pool, x, M, ldx, *w.quant(), w.bias_f32(), y, ldy, store);

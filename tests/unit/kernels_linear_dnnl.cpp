@@ -1,0 +1,111 @@
+// kernels_linear_dnnl.cpp — kern::gemm_only_bf16 weights (oneDNN's blocked bf16 matmul, cpu/gemm_dnnl.cpp)
+// through kern::linear, against ref::linear on the same bf16 weight:
+// * odd sizes (M = 1 .. 130 incl. M <= 4 and M other than the packing M, N and K not multiples of any
+//   block, K = 1), with and without bias, strided x / y with guard zones;
+// * the fp32 summation bound plus one bf16 spacing, every output bf16-valued, at most 10% of outputs
+//   off the exact-then-round twin by a rounding flip (a transposed weight or a lost bias fails all);
+// * bitwise equal on 1 and 2 threads for the DiT's shapes scaled down, and run to run;
+// * the blocked form replaces the plain tensor (weight() empty), and store F32 is refused.
+// Skips (loudly) where oneDNN has no blocked bf16 kernel on this CPU (no AVX512-BF16 / AMX): then
+// gemm_only_bf16 returns the plain weight and kernels_linear.cpp covers it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include "kernels/ref/ref_kernels.h"
+#include "kernels_util.h"
+
+namespace mm3 {
+namespace {
+
+using test::Guarded;
+using test::Rng;
+
+kern::LinearWeight plain_bf16(Rng& rng, int64_t N, int64_t K, bool bias) {
+  Tensor w = Tensor::from_f32(rng.vec(static_cast<size_t>(N * K), -1.f, 1.f, true), {N, K}).to(DType::BF16);
+  Tensor b;
+  if (bias) b = Tensor::from_f32(rng.vec(static_cast<size_t>(N), -1.f, 1.f, true), {N}).to(DType::BF16);
+  return kern::LinearWeight(w, b);
+}
+
+#define MM3_REQUIRE_PACKED(w)                                                                          \
+  if (!(w).gemm_packed())                                                                              \
+  GTEST_SKIP() << "oneDNN offers no blocked bf16 matmul on this CPU (needs AVX512-BF16 or AMX); "     \
+                  "gemm_only_bf16 kept the plain weight, which kernels_linear.cpp tests"
+
+struct Case {
+  int64_t M, K, N;
+};
+
+TEST(KernelsLinearDnnl, MatchesRefOddSizes) {
+  const Case cases[] = {{1, 37, 29},  {2, 64, 33},   {4, 97, 7},    {5, 37, 29},  {7, 100, 3}, {37, 129, 65},
+                        {64, 300, 130}, {130, 64, 96}, {3, 1, 5},    {9, 33, 1},   {600, 48, 40}};
+  ThreadPool pool(2);
+  uint64_t seed = 1;
+  for (const Case& c : cases)
+    for (bool with_bias : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "M=" << c.M << " K=" << c.K << " N=" << c.N << " bias=" << with_bias);
+      Rng rng(seed++);
+      const kern::LinearWeight plain = plain_bf16(rng, c.N, c.K, with_bias);
+      const kern::LinearWeight w = kern::gemm_only_bf16(plain);
+      MM3_REQUIRE_PACKED(w);
+      EXPECT_EQ(w.weight().raw(), nullptr) << "the plain tensor must not be kept";
+      EXPECT_EQ(w.out_features(), c.N);
+      EXPECT_EQ(w.in_features(), c.K);
+      const int64_t ldx = c.K + 3, ldy = c.N + 5;
+      const std::vector<float> x = rng.vec(static_cast<size_t>(c.M * ldx), -2.f, 2.f, true);
+      Guarded y(c.M, c.N, ldy);
+      kern::linear(pool, x.data(), c.M, ldx, w, y.data(), ldy, DType::BF16);
+      std::vector<float> ref(static_cast<size_t>(c.M * c.N));
+      ref::linear(pool, x.data(), c.M, ldx, plain, ref.data(), c.N, DType::BF16);
+      EXPECT_EQ(y.touched_outside(), 0) << "wrote outside y's rows / guards";
+      EXPECT_EQ(y.untouched_inside(), 0) << "left outputs unwritten";
+      const uint16_t* wb = static_cast<const uint16_t*>(plain.weight().raw());
+      const float* bias = plain.bias_f32();
+      const int64_t bad = test::count_violations(
+          "linear(dnnl)", y.data(), ldy, ref.data(), c.M, c.N, [&](int64_t m, int64_t n, float e) {
+            double s = bias ? std::fabs(bias[n]) : 0.0;
+            for (int64_t k = 0; k < c.K; ++k)
+              s += std::fabs(double(x[m * ldx + k]) * bf16_bits_to_f32(wb[n * c.K + k]));
+            return (c.K + 2) * 0.5 * test::kEps32 * s + test::bf16_ulp(e);
+          });
+      EXPECT_EQ(bad, 0);
+      EXPECT_EQ(test::count_non_bf16(y.data(), ldy, c.M, c.N), 0) << "bf16 store left unrounded values";
+      EXPECT_LE(test::count_bit_diffs(y.data(), ldy, ref.data(), c.M, c.N), c.M * c.N / 10 + 1);
+    }
+}
+
+// The DiT's GEMMs at a smaller scale (rows 690 / 1380 tokens, K and N multiples of 64 as in
+// 2048 / 8192): the bits must not depend on the thread count, nor change run to run.
+TEST(KernelsLinearDnnl, ThreadCountIndependentAndDeterministic) {
+  const Case cases[] = {{690, 256, 768}, {690, 1024, 256}, {1380, 256, 256}, {689, 256, 128}, {2, 256, 256}};
+  ThreadPool one(1), two(2);
+  uint64_t seed = 100;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "M=" << c.M << " K=" << c.K << " N=" << c.N);
+    Rng rng(seed++);
+    const kern::LinearWeight w = kern::gemm_only_bf16(plain_bf16(rng, c.N, c.K, true));
+    MM3_REQUIRE_PACKED(w);
+    const std::vector<float> x = rng.vec(static_cast<size_t>(c.M * c.K), -2.f, 2.f, true);
+    std::vector<float> a(static_cast<size_t>(c.M * c.N)), b(a.size()), r(a.size());
+    kern::linear(one, x.data(), c.M, c.K, w, a.data(), c.N, DType::BF16);
+    kern::linear(two, x.data(), c.M, c.K, w, b.data(), c.N, DType::BF16);
+    kern::linear(two, x.data(), c.M, c.K, w, r.data(), c.N, DType::BF16);
+    EXPECT_EQ(test::count_bit_diffs(a.data(), c.N, b.data(), c.M, c.N), 0) << "1 vs 2 threads";
+    EXPECT_EQ(test::count_bit_diffs(b.data(), c.N, r.data(), c.M, c.N), 0) << "run to run";
+  }
+}
+
+TEST(KernelsLinearDnnl, RefusesF32Store) {
+  Rng rng(7);
+  const kern::LinearWeight w = kern::gemm_only_bf16(plain_bf16(rng, 8, 16, false));
+  MM3_REQUIRE_PACKED(w);
+  ThreadPool pool(1);
+  std::vector<float> x(16, 1.f), y(8);
+  EXPECT_THROW(kern::linear(pool, x.data(), 1, 16, w, y.data(), 8, DType::F32), InternalError);
+}
+
+}  // namespace
+}  // namespace mm3
