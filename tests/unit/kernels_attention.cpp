@@ -44,6 +44,10 @@ const AttnCase kAttn[] = {
     {2, 1100, 4, 2, 16, true, 1098},  // decode rows (direct scores)
     {18, 600, 2, 1, 24, true, 582},   // many rows, row keys 583..600 cross the 512 boundary
     {20, 530, 2, 2, 16, false, 0},    // bidirectional, a short second block
+    // bidirectional with >= 64 query rows and keys: the GEMM path (attention_gemm)
+    {64, 64, 2, 2, 64, false, 0},     // smallest GEMM case
+    {130, 600, 4, 2, 40, false, 0},   // GQA, two query blocks + a partial one, keys in two softmax blocks
+    {70, 1100, 2, 1, 33, false, 0},   // MQA, odd D, three softmax blocks
 };
 
 void check_attention(const ThreadPool& pool, const AttnCase& c, DType kv_dt, DType store, uint64_t seed) {
@@ -117,19 +121,24 @@ TEST(KernelsAttention, MatchesRef) {
       for (DType store : {DType::F32, DType::BF16}) check_attention(pool, c, kv, store, seed++);
 }
 
+// The direct path (causal, few rows) and the GEMM path (bidirectional, many rows).
 TEST(KernelsAttention, ThreadCountIndependent) {
   ThreadPool p1(1), p2(2);
   Rng rng(7);
-  const AttnCase c{9, 21, 4, 2, 32, true, 12};
-  const int64_t ld = 4 * 32, ldkv = 2 * 32;
-  std::vector<float> q = rng.vec(static_cast<size_t>(c.Sq * ld), -1, 1);
-  std::vector<float> k = rng.vec(static_cast<size_t>(c.Skv * ldkv), -1, 1), v = rng.vec(k.size(), -1, 1);
-  std::vector<float> a(q.size()), b(q.size());
-  kern::attention(p1, q.data(), ld, k.data(), v.data(), ldkv, DType::F32, a.data(), ld, c.Sq, c.Skv, c.Hq, c.Hkv, c.D,
-                  0.2f, true, c.q_pos0, DType::F32);
-  kern::attention(p2, q.data(), ld, k.data(), v.data(), ldkv, DType::F32, b.data(), ld, c.Sq, c.Skv, c.Hq, c.Hkv, c.D,
-                  0.2f, true, c.q_pos0, DType::F32);
-  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
+  for (const AttnCase c : {AttnCase{9, 21, 4, 2, 32, true, 12}, AttnCase{130, 600, 4, 2, 40, false, 0}})
+    for (DType store : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE(::testing::Message() << "Sq=" << c.Sq << " store=" << test::store_name(store));
+      const int64_t ld = int64_t(c.Hq) * c.D, ldkv = int64_t(c.Hkv) * c.D;
+      const bool bf = store == DType::BF16;
+      std::vector<float> q = rng.vec(static_cast<size_t>(c.Sq * ld), -1, 1, bf);
+      std::vector<float> k = rng.vec(static_cast<size_t>(c.Skv * ldkv), -1, 1, bf), v = rng.vec(k.size(), -1, 1, bf);
+      std::vector<float> a(q.size()), b(q.size());
+      kern::attention(p1, q.data(), ld, k.data(), v.data(), ldkv, DType::F32, a.data(), ld, c.Sq, c.Skv, c.Hq, c.Hkv,
+                      c.D, 0.2f, c.causal, c.q_pos0, store);
+      kern::attention(p2, q.data(), ld, k.data(), v.data(), ldkv, DType::F32, b.data(), ld, c.Sq, c.Skv, c.Hq, c.Hkv,
+                      c.D, 0.2f, c.causal, c.q_pos0, store);
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
+    }
 }
 
 // The softmax contract bit for bit (kernels.h): with one-hot keys the scores are exact (s_j =

@@ -16,6 +16,7 @@
 
 #include <dnnl.hpp>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <unordered_map>
@@ -65,6 +66,12 @@ void omp_threads(const ThreadPool& pool) {
   if (omp_get_max_threads() != pool.size()) omp_set_num_threads(pool.size());
 }
 
+// MM3_ONEDNN=0 keeps the plain weights and gemm_nt (for comparisons and as an escape hatch).
+bool onednn_disabled() {
+  const char* e = std::getenv("MM3_ONEDNN");
+  return e && std::string(e) == "0";
+}
+
 }  // namespace
 
 LinearWeight gemm_only_bf16(const LinearWeight& w) {
@@ -73,7 +80,7 @@ LinearWeight gemm_only_bf16(const LinearWeight& w) {
   const Tensor plain = w.weight().to(DType::BF16).contiguous();
   const Tensor bias = w.has_bias() ? w.bias().to(DType::BF16) : Tensor();
   const int64_t N = w.out_features(), K = w.in_features();
-  if (!detail::cpu_has_avx512bf16()) return LinearWeight(plain, bias);
+  if (!detail::cpu_has_avx512bf16() || onednn_disabled()) return LinearWeight(plain, bias);
   try {
     const dnnl::memory::desc any({K, N}, dt::bf16, tag::any);
     const auto pd = make_pd(kPackM, N, K, w.has_bias(), any, N);
