@@ -176,32 +176,40 @@ RegisterStage conv_t_block0{{
         },
 }};
 
-RegisterStage attention_dit{{
-    .name = "attention_dit_L690",
-    .description = "kern::attention F32, 32 heads x 64, 690 tokens (the DiT window: 689 latents + the time "
-                   "token), bidirectional; bytes = q + k + v + out",
-    .needs_model = false,
-    .setup =
-        [](const BenchContext& ctx) {
-          const ThreadPool& pool = ctx.pool();
-          const int64_t S = 690;
-          const int H = 32, D = 64;
-          const int64_t ld = int64_t(H) * D;
-          auto q = random_f32(pool, S * ld, 1.f, 8);
-          auto k = random_f32(pool, S * ld, 1.f, 9);
-          auto v = random_f32(pool, S * ld, 1.f, 10);
-          auto o = std::make_shared<std::vector<float>>(static_cast<size_t>(S * ld));
-          StageRun r;
-          r.run = [&pool, q, k, v, o, S, H, D, ld] {
-            kern::attention(pool, q->data(), ld, k->data(), v->data(), ld, DType::F32, o->data(), ld, S, S, H, H, D,
-                            1.f / std::sqrt(float(D)), false, 0, DType::F32);
-          };
-          r.bytes = 4.0 * 4 * S * ld;
-          r.flops = 4.0 * S * S * H * D;  // q.k and p.v, 2 flops per multiply-add each
-          r.info = {{"S", S}, {"heads", H}, {"head_dim", D}, {"causal", false}};
-          return r;
-        },
-}};
+// The DiT's attention in either compute dtype (bf16: inputs bf16-valued, the oneDNN batched path).
+Stage attention_dit_spec(DType store) {
+  const bool bf = store == DType::BF16;
+  return {
+      .name = bf ? "attention_dit_L690_bf16" : "attention_dit_L690",
+      .description = std::string("kern::attention ") + (bf ? "BF16 (bf16-valued q, k, v; bf16 store)" : "F32") +
+                     ", 32 heads x 64, 690 tokens (the DiT window: 689 latents + the time token), "
+                     "bidirectional; bytes = q + k + v + out",
+      .needs_model = false,
+      .setup =
+          [store](const BenchContext& ctx) {
+            const ThreadPool& pool = ctx.pool();
+            const int64_t S = 690;
+            const int H = 32, D = 64;
+            const int64_t ld = int64_t(H) * D;
+            auto q = random_f32(pool, S * ld, 1.f, 8);
+            auto k = random_f32(pool, S * ld, 1.f, 9);
+            auto v = random_f32(pool, S * ld, 1.f, 10);
+            for (auto* x : {q.get(), k.get(), v.get()}) round_to_store(x->data(), x->size(), store);
+            auto o = std::make_shared<std::vector<float>>(static_cast<size_t>(S * ld));
+            StageRun r;
+            r.run = [&pool, q, k, v, o, S, H, D, ld, store] {
+              kern::attention(pool, q->data(), ld, k->data(), v->data(), ld, DType::F32, o->data(), ld, S, S, H, H, D,
+                              1.f / std::sqrt(float(D)), false, 0, store);
+            };
+            r.bytes = 4.0 * 4 * S * ld;
+            r.flops = 4.0 * S * S * H * D;  // q.k and p.v, 2 flops per multiply-add each
+            r.info = {{"S", S}, {"heads", H}, {"head_dim", D}, {"causal", false}, {"store", dtype_name(store)}};
+            return r;
+          },
+  };
+}
+RegisterStage attention_dit{attention_dit_spec(DType::F32)};
+RegisterStage attention_dit_bf16{attention_dit_spec(DType::BF16)};
 
 RegisterStage attention_lm_decode{{
     .name = "attention_lm_decode_513",

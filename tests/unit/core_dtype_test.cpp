@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/tensor.h"
@@ -35,6 +36,25 @@ TEST(DType, Bf16MatchesTorch) {
   }
   EXPECT_EQ(f32_to_bf16_bits(std::numeric_limits<float>::quiet_NaN()), 0x7FC0);
   EXPECT_EQ(f32_to_bf16_bits(-std::numeric_limits<float>::quiet_NaN()), 0x7FC0);
+}
+
+// The array conversion (vectorised where the CPU has AVX-512) gives f32_to_bf16_bits' bits for every
+// element: the torch cases, NaNs and a sweep of bit patterns, at lengths and offsets that exercise the
+// masked tail. (RED: truncating instead of rounding, or a vector NaN of 0xFFFF, fails here.)
+TEST(DType, Bf16ArrayConversionMatchesScalar) {
+  std::vector<float> x;
+  for (const Case& c : kCases) x.push_back(f32_from_bits(c.f32));
+  x.push_back(std::numeric_limits<float>::quiet_NaN());
+  x.push_back(-std::numeric_limits<float>::quiet_NaN());
+  x.push_back(f32_from_bits(0x7f800001));  // signalling NaN pattern
+  for (uint32_t u = 0; x.size() < 4099; u += 0x000F1A37) x.push_back(f32_from_bits(u));
+  for (size_t off : {size_t(0), size_t(3)})
+    for (size_t n : {size_t(1), size_t(15), size_t(16), size_t(17), x.size() - off}) {
+      std::vector<uint16_t> y(n + 1, 0xABCD);
+      f32_to_bf16(x.data() + off, y.data(), n);
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(y[i], f32_to_bf16_bits(x[off + i])) << "n " << n << " i " << i;
+      EXPECT_EQ(y[n], 0xABCD) << "wrote past n = " << n;
+    }
 }
 
 TEST(DType, F16MatchesTorch) {

@@ -48,6 +48,9 @@ const AttnCase kAttn[] = {
     {64, 64, 2, 2, 64, false, 0},     // smallest GEMM case
     {130, 600, 4, 2, 40, false, 0},   // GQA, two query blocks + a partial one, keys in two softmax blocks
     {70, 1100, 2, 1, 33, false, 0},   // MQA, odd D, three softmax blocks
+    // ... with Hq == Hkv (as the DiT), keys in two and three softmax blocks
+    {100, 700, 3, 3, 40, false, 0},   // odd D, keys in two softmax blocks
+    {65, 1030, 2, 2, 64, false, 0},   // three softmax blocks, the last 6 keys wide
 };
 
 void check_attention(const ThreadPool& pool, const AttnCase& c, DType kv_dt, DType store, uint64_t seed) {
@@ -121,11 +124,12 @@ TEST(KernelsAttention, MatchesRef) {
       for (DType store : {DType::F32, DType::BF16}) check_attention(pool, c, kv, store, seed++);
 }
 
-// The direct path (causal, few rows) and the GEMM path (bidirectional, many rows).
+// The direct path (causal, few rows) and the GEMM path (bidirectional, many rows; GQA and Hq == Hkv).
 TEST(KernelsAttention, ThreadCountIndependent) {
   ThreadPool p1(1), p2(2);
   Rng rng(7);
-  for (const AttnCase c : {AttnCase{9, 21, 4, 2, 32, true, 12}, AttnCase{130, 600, 4, 2, 40, false, 0}})
+  for (const AttnCase c : {AttnCase{9, 21, 4, 2, 32, true, 12}, AttnCase{130, 600, 4, 2, 40, false, 0},
+                            AttnCase{100, 700, 3, 3, 40, false, 0}})
     for (DType store : {DType::F32, DType::BF16}) {
       SCOPED_TRACE(::testing::Message() << "Sq=" << c.Sq << " store=" << test::store_name(store));
       const int64_t ld = int64_t(c.Hq) * c.D, ldkv = int64_t(c.Hkv) * c.D;
