@@ -5,6 +5,7 @@
 #   /usr/bin/python3 bench/torch_reference.py dit_bf16 3      # DiT forward, L = 689, batch 1 (also dit_f32)
 #   /usr/bin/python3 bench/torch_reference.py depth_bf16 5    # the 7 depth steps of one frame, 2 rows (eager)
 #   /usr/bin/python3 bench/torch_reference.py lm_step_bf16 5  # one LM decode step, 2 rows, 512 cached, 16385 head rows
+#   /usr/bin/python3 bench/torch_reference.py vocoder_f32 3   # the vocoder over one 689-latent window (also vocoder_bf16)
 # Prints one JSON line: stage, median_s, runs.
 import sys, time, json, math, torch
 import torch.nn.functional as F
@@ -93,6 +94,40 @@ elif which == "depth_bf16":
                 code = torch.argmax(logits, -1)
                 if j < 6: seq.append(F.linear(torch.randn(2, 1, D).to(dt), proj))
     m, ts = med(frame, runs)
+elif which.startswith("vocoder"):
+    # MODEL.md 5.1, weight norm folded (as [S] does at load): one 689-latent window, both stereo streams
+    # batched [2, 64, L] like the reference's fold; F32 (the checkpoint dtype) or BF16 (a diffusers bf16 run).
+    dt = torch.bfloat16 if which == "vocoder_bf16" else torch.float32
+    L = 689
+    def Wc(o, i, k): return (torch.randn(o, i, k) * (1.0 / math.sqrt(i * k))).to(dt)
+    def B(o): return torch.zeros(o, dtype=dt)
+    def A(c): return torch.ones(1, c, 1, dtype=dt)
+    def snake(x, a): return x + (a + 1e-9).reciprocal() * torch.sin(a * x).pow(2)
+    inp = (Wc(1024, 64, 1), B(1024)); cin = (Wc(1536, 1024, 7), B(1536))
+    blocks, ch = [], 1536
+    for s in [8, 8, 4, 2]:
+        out = ch // 2
+        res = [dict(a1=A(out), c1=Wc(out, out, 7), b1=B(out), d=d, a2=A(out), c2=Wc(out, out, 1), b2=B(out)) for d in (1, 3, 9)]
+        blocks.append(dict(a=A(ch), up=(torch.randn(ch, out, 2 * s) * (1.0 / math.sqrt(ch * 2))).to(dt), ub=B(out), s=s, res=res))
+        ch = out
+    aout = A(ch); cout = (Wc(1, ch, 7), B(1))
+    z = torch.randn(2, 64, L).to(dt)
+    def voc():
+        with torch.no_grad():
+            x = F.conv1d(z, *inp)
+            x = F.conv1d(x, cin[0], cin[1], padding=3)
+            for b in blocks:
+                x = F.conv_transpose1d(snake(x, b["a"]), b["up"], b["ub"], stride=b["s"], padding=(b["s"] + 1) // 2)
+                for r in b["res"]:
+                    y = F.conv1d(snake(x, r["a1"]), r["c1"], r["b1"], padding=3 * r["d"], dilation=r["d"])
+                    x = x + F.conv1d(snake(y, r["a2"]), r["c2"], r["b2"])
+            return torch.tanh(F.conv1d(snake(x, aout), cout[0], cout[1], padding=3))
+    try:
+        assert voc().shape[-1] == 512 * L
+    except RuntimeError as e:  # torch 1.13's CPU bf16 conv_transpose1d rejects this weight ("expected input to have 768 channels")
+        print(json.dumps({"stage": "torch_" + which, "error": str(e).splitlines()[0], "torch": torch.__version__}))
+        sys.exit(1)
+    m, ts = med(voc, runs)
 if which != "lm_step_bf16": print(json.dumps({"stage": "torch_" + which, "median_s": m, "runs": ts, "torch": torch.__version__, "threads": torch.get_num_threads()}))
 
 if which == "lm_step_bf16":
