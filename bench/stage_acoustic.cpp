@@ -7,6 +7,7 @@
 //   vocoder_L689_layers     the same with the per-layer profile (seconds, flops, GFLOP/s of each layer).
 // Inputs are deterministic random values (model/synth_checkpoint.h generator).
 #include <algorithm>
+#include <cmath>
 #include <array>
 #include <cstring>
 #include <map>
@@ -137,6 +138,44 @@ double median_of(std::vector<double> v) {
   const size_t n = v.size();
   return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
+
+// vocoder_L689 (F32) and vocoder_L689_bf16 (the bf16 compute option: its Conv1d layers on oneDNN's bf16
+// GEMMs, kernels.h conv_gemm_bf16); the bf16 one also reports its waveform against the F32 one.
+StageRun vocoder_run(const BenchContext& ctx, DType compute) {
+  const ThreadPool& pool = ctx.pool();
+  auto b = vocoder_bench(ctx);
+  StageRun r;
+  r.run = [b, &pool, compute] { b->voc->decode(pool, b->lat.data(), kL, b->wave.data(), b->hop * kL, compute); };
+  r.flops = b->voc->flops(kL);
+  r.info = vocoder_info(ctx, *b);
+  r.info["compute"] = dtype_name(compute);
+  if (compute != DType::F32) {
+    std::vector<float> ref(b->wave.size()), got(b->wave.size());
+    b->voc->decode(pool, b->lat.data(), kL, ref.data(), b->hop * kL, DType::F32);
+    b->voc->decode(pool, b->lat.data(), kL, got.data(), b->hop * kL, compute);
+    double d2 = 0, r2 = 0, mx = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const double d = double(got[i]) - ref[i];
+      d2 += d * d, r2 += double(ref[i]) * ref[i], mx = std::max(mx, std::fabs(d));
+    }
+    r.info["rel_rms_vs_f32"] = r2 > 0 ? std::sqrt(d2 / r2) : 0.0;
+    r.info["max_abs_vs_f32"] = mx;
+  }
+  const double audio_s = b->audio_s;
+  r.finish = [audio_s](double median_s, nlohmann::json& info) {
+    info["audio_s_per_s"] = median_s > 0 ? audio_s / median_s : 0.0;
+  };
+  return r;
+}
+
+RegisterStage reg_vocoder_bf16{{
+    .name = "vocoder_L689_bf16",
+    .description = "vocoder_L689 with the BF16 compute option (bf16 weights, every op rounded to bf16, the Conv1d "
+                   "layers as oneDNN bf16 GEMMs where the CPU has them); info: rel_rms_vs_f32, max_abs_vs_f32 of "
+                   "its waveform against the F32 decode",
+    .needs_model = true,
+    .setup = [](const BenchContext& ctx) { return vocoder_run(ctx, DType::BF16); },
+}};
 
 RegisterStage reg_vocoder{{
     .name = "vocoder_L689",

@@ -235,6 +235,8 @@ class ConvWeight {
     return 2.0 * double(cin_) * double(cout_) * k_ * double(transposed_ ? L : out_len(L));
   }
   std::shared_ptr<const void> packed;  // backend-private
+  // Backend-private bf16 GEMM form (conv_gemm_bf16); null when the layer has none.
+  std::shared_ptr<const void> gemm;
 
  private:
   bool transposed_ = false;
@@ -243,9 +245,19 @@ class ConvWeight {
 };
 
 // y [Cout, w.out_len(L)] = the convolution w describes of x [Cin, L], with `fusion`, rounded to store;
-// the same numerics as conv1d / conv_transpose1d on that layer's torch-layout weight.
+// the same numerics as conv1d / conv_transpose1d on that layer's torch-layout weight (except for a
+// conv_gemm_bf16 weight, below).
 void conv_packed(const ThreadPool& pool, const ConvWeight& w, const float* x, int64_t L, float* y, DType store,
                  const ConvFusion& fusion = {});
+
+// A copy of a Conv1d weight (stride 1; values already bf16, e.g. rounded(BF16)) that conv_packed runs,
+// when store is BF16, as bf16 GEMMs through oneDNN (AMX / AVX512-BF16): the (Snake'd) input as bf16,
+// im2col column chunks, y = round(round(W·cols + bias) [+ residual]) — the direct kernel's rounding
+// points, but oneDNN's fp32 summation order over exact bf16 products instead of one FMA chain, so a
+// value may differ from the direct kernel's by a bf16 ulp. Store F32 ignores the form (the direct,
+// golden-exact kernel runs). Without a oneDNN bf16 kernel (no AVX512-BF16, MM3_ONEDNN=0) or for a
+// ConvTranspose1d this returns w unchanged.
+ConvWeight conv_gemm_bf16(const ConvWeight& w);
 
 // torch F.interpolate(mode="nearest") source index (ATen nearest_idx, legacy float32 scale rule).
 int64_t nearest_src_index(int64_t dst, int64_t in_len, int64_t out_len);

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "kernels/cpu/conv_detail.h"
+#include "kernels/cpu/gemm_nt.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/kernels.h"
 
@@ -63,6 +64,80 @@ struct Packed {
   // K] here (and its bias, unpadded) and runs kern::conv_transpose1d's GEMM path.
   std::vector<float> raw;
 };
+
+// conv_gemm_bf16's form: the torch-layout weight [Cout][Cin·K] as bf16 bits (the GEMM's A) and the
+// bias; geometry from the ConvWeight.
+struct GemmForm {
+  std::vector<uint16_t> w;
+  std::vector<float> bias;
+};
+
+// conv_packed on a conv_gemm_bf16 weight (store BF16). Returns false (nothing written) when oneDNN
+// declines; the caller then runs the direct kernel.
+bool conv_gemm_run(const ThreadPool& pool, const ConvWeight& cw, const GemmForm& g, const float* x, int64_t L,
+                   float* y, const ConvFusion& fusion) {
+  const int64_t Cin = cw.in_channels(), Cout = cw.out_channels(), Lout = cw.out_len(L);
+  const int K = cw.kernel_size(), pad = cw.pad(), dil = cw.dilation();
+  const int64_t CK = Cin * K;
+  // Column chunks: the im2col block (CK x n bf16) about 4 MiB, a multiple of 64 columns.
+  const int64_t n = std::clamp<int64_t>((int64_t(1) << 21) / CK / 64 * 64, 64, std::max<int64_t>(64, Lout));
+  thread_local std::vector<uint16_t> xa, col;
+  thread_local std::vector<float> acc;
+  if (xa.size() < static_cast<size_t>(Cin * L)) xa.resize(static_cast<size_t>(Cin * L));
+  if (col.size() < static_cast<size_t>(CK * n)) col.resize(static_cast<size_t>(CK * n));
+  if (acc.size() < static_cast<size_t>(Cout * n)) acc.resize(static_cast<size_t>(Cout * n));
+  uint16_t *const xp = xa.data(), *const cp = col.data();
+  // The input as bf16 (bf16-valued by the bf16 convention; Snake'd in bf16 first when fused).
+  pool.parallel_for(Cin, [&](int64_t c0, int64_t c1) {
+    thread_local std::vector<float> row;  // a worker's Snake row, kept (fresh pages cost faults)
+    if (fusion.snake_alpha && row.size() < static_cast<size_t>(L)) row.resize(static_cast<size_t>(L));
+    for (int64_t c = c0; c < c1; ++c) {
+      const float* src = x + c * L;
+      if (fusion.snake_alpha) {
+        detail::snake_row(src, fusion.snake_alpha[c], detail::snake_inv(fusion.snake_alpha[c], DType::BF16),
+                          row.data(), L, DType::BF16);
+        src = row.data();
+      }
+      f32_to_bf16(src, xp + c * L, static_cast<size_t>(L));
+    }
+  });
+  // A 1-tap layer's im2col is the input itself: one GEMM over the whole length.
+  const bool direct_b = K == 1 && pad == 0;
+  const int64_t step = direct_b ? Lout : n;
+  if (direct_b && acc.size() < static_cast<size_t>(Cout * Lout)) acc.resize(static_cast<size_t>(Cout * Lout));
+  float* const ap = acc.data();
+  for (int64_t t0 = 0; t0 < Lout; t0 += step) {
+    const int64_t nn = std::min(step, Lout - t0);
+    // cols[(ci, k)][j] = x[ci][t0 + j + k·dil − pad], zero outside [0, L).
+    if (!direct_b) pool.parallel_for(CK, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t ci = r / K, k = r % K, s0 = t0 + k * dil - pad;
+        uint16_t* dst = cp + r * nn;
+        const int64_t a = std::clamp<int64_t>(-s0, 0, nn), b = std::clamp<int64_t>(L - s0, a, nn);
+        std::fill(dst, dst + a, uint16_t(0));
+        if (b > a) std::memcpy(dst + a, xp + ci * L + s0 + a, static_cast<size_t>(b - a) * sizeof(uint16_t));
+        std::fill(dst + b, dst + nn, uint16_t(0));
+      }
+    });
+    if (!detail::dnnl_matmul_bf16(pool, Cout, nn, CK, g.w.data(), direct_b ? xp : cp, ap)) return false;
+    pool.parallel_for(Cout, [&](int64_t c0, int64_t c1) {
+      for (int64_t co = c0; co < c1; ++co) {
+        const float b = g.bias.empty() ? 0.f : g.bias[static_cast<size_t>(co)];
+        const float* a = ap + co * nn;
+        float* yo = y + co * Lout + t0;
+        const float* res = fusion.residual ? fusion.residual + co * Lout + t0 : nullptr;
+        for (int64_t j = 0; j < nn; ++j) {
+          float v = a[j];
+          if (!g.bias.empty()) v = v + b;
+          v = round_bf16(v);
+          if (res) v = round_bf16(res[j] + v);
+          yo[j] = v;
+        }
+      }
+    });
+  }
+  return true;
+}
 
 int64_t floordiv(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
@@ -314,12 +389,34 @@ ConvWeight ConvWeight::rounded(DType store) const {
   return r;
 }
 
+ConvWeight conv_gemm_bf16(const ConvWeight& w) {
+  MM3_CHECK(!w.empty(), "conv_gemm_bf16 on an empty weight");
+  if (w.transposed() || !detail::dnnl_bf16_available()) return w;
+  const Packed& P = *static_cast<const Packed*>(w.packed.get());
+  const int64_t Cin = w.in_channels(), Cout = w.out_channels();
+  const int K = w.kernel_size();
+  auto g = std::make_shared<GemmForm>();
+  g->w.resize(static_cast<size_t>(Cout * Cin * K));
+  for (int64_t co = 0; co < Cout; ++co)  // undo the direct kernel's packing (conv1d above)
+    for (int64_t ci = 0; ci < Cin; ++ci)
+      for (int k = 0; k < K; ++k)
+        g->w[static_cast<size_t>((co * Cin + ci) * K + k)] =
+            f32_to_bf16_bits(P.w[static_cast<size_t>((((co / kMR) * Cin + ci) * K + k) * kMR + co % kMR)]);
+  if (!P.bias.empty()) g->bias.assign(P.bias.begin(), P.bias.begin() + Cout);
+  ConvWeight r = w;
+  r.gemm = std::move(g);
+  return r;
+}
+
 void conv_packed(const ThreadPool& pool, const ConvWeight& cw, const float* x, int64_t L, float* y, DType store,
                  const ConvFusion& fusion) {
   MM3_CHECK(!cw.empty() && L > 0, "conv_packed: empty weight or L={}", L);
   const Packed& P = *static_cast<const Packed*>(cw.packed.get());
   const int64_t Cin = cw.in_channels(), Cout = cw.out_channels(), Lout = cw.out_len(L);
   MM3_CHECK(Lout > 0, "conv_packed: output length {} for L={}", Lout, L);
+  if (cw.gemm && store == DType::BF16 &&
+      conv_gemm_run(pool, cw, *static_cast<const GemmForm*>(cw.gemm.get()), x, L, y, fusion))
+    return;
   if (!P.raw.empty()) {
     conv_transpose1d(pool, x, Cin, L, P.raw.data(), P.bias.empty() ? nullptr : P.bias.data(), Cout,
                      cw.kernel_size(), cw.stride(), cw.pad(), cw.output_padding(), y, store, fusion);

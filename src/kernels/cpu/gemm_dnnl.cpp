@@ -144,6 +144,28 @@ void dnnl_linear_bf16(const ThreadPool& pool, const float* x, int64_t M, int64_t
   });
 }
 
+bool dnnl_bf16_available() { return cpu_has_avx512bf16() && !onednn_disabled(); }
+
+bool dnnl_matmul_bf16(const ThreadPool& pool, int64_t M, int64_t N, int64_t K, const uint16_t* A, const uint16_t* B,
+                      float* C) {
+  if (!dnnl_bf16_available()) return false;
+  const dnnl::engine& eng = cpu_engine();
+  try {
+    const dnnl::memory::desc a_md({M, K}, dt::bf16, tag::ab), b_md({K, N}, dt::bf16, tag::ab),
+        c_md({M, N}, dt::f32, tag::ab);
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), eng);
+    if (std::string(pd.impl_info_str()).rfind("brg", 0) != 0) return false;
+    omp_threads(pool);
+    dnnl::stream s(eng);
+    dnnl::memory a(a_md, eng, const_cast<uint16_t*>(A)), b(b_md, eng, const_cast<uint16_t*>(B)), c(c_md, eng, C);
+    dnnl::matmul(pd).execute(s, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+    s.wait();
+    return true;
+  } catch (const dnnl::error&) {
+    return false;
+  }
+}
+
 }  // namespace detail
 
 }  // namespace mm3::kern

@@ -35,4 +35,12 @@ void gemm_ex(const ThreadPool& pool, const float* A, int64_t a_rs, int64_t a_cs,
 void dnnl_linear_bf16(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const void* form,
                       const float* bias, float* y, int64_t ldy);
 
+// C [M, N] = A [M, K] · B [K, N], all dense row-major, bf16 x bf16 -> fp32 (no rounding), by oneDNN's
+// matmul. Returns false, computing nothing, when oneDNN is disabled (MM3_ONEDNN=0), the CPU lacks
+// AVX512-BF16, or oneDNN offers no brgemm kernel for the shape.
+bool dnnl_matmul_bf16(const ThreadPool& pool, int64_t M, int64_t N, int64_t K, const uint16_t* A, const uint16_t* B,
+                      float* C);
+// Whether dnnl_matmul_bf16 can run at all here (AVX512-BF16 and oneDNN not disabled).
+bool dnnl_bf16_available();
+
 }  // namespace mm3::kern::detail

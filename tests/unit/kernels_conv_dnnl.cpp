@@ -1,0 +1,100 @@
+// kernels_conv_dnnl.cpp — kern::conv_gemm_bf16 weights (a Conv1d as oneDNN bf16 GEMMs over im2col
+// column chunks, cpu/conv_direct.cpp) through kern::conv_packed with store BF16, against the direct
+// kernel on the same bf16-rounded weight:
+// * odd channel counts and lengths, taps 1 / 3 / 7, dilation 1 / 3 / 9 with its padding, lengths longer
+//   than one column chunk, with and without bias, Snake and the residual (in place, as the vocoder);
+// * every output bf16-valued and within one bf16 spacing (plus the fp32 summation bound) of the direct
+//   kernel, and at most 10% of outputs differing at all (a shifted im2col column, a lost bias or
+//   residual, a transposed weight fail nearly every output);
+// * store F32 ignores the form (the direct kernel's bits exactly).
+// Skips (loudly) where oneDNN has no bf16 kernel here (no AVX512-BF16, or MM3_ONEDNN=0).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include "kernels_util.h"
+
+namespace mm3 {
+namespace {
+
+using test::Rng;
+
+struct Case {
+  int64_t Cin, Cout, L;
+  int K, dil;
+  bool bias, snake, residual;
+};
+
+TEST(KernelsConvDnnl, MatchesDirectKernel) {
+  const Case cases[] = {
+      {37, 29, 500, 7, 3, true, true, false},    // dilated, Snake, bias
+      {64, 48, 1000, 1, 1, true, true, true},    // 1-tap (one GEMM over the length), residual in place
+      {20, 33, 130, 7, 9, false, false, false},  // padding wider than half the input at the edges
+      {16, 70, 70000, 7, 1, true, true, false},  // more columns than one chunk (2 MiB / (16 * 7))
+      {11, 5, 9, 3, 1, true, false, true},       // tiny
+  };
+  ThreadPool pool(2);
+  uint64_t seed = 11;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "Cin=" << c.Cin << " Cout=" << c.Cout << " L=" << c.L << " K=" << c.K
+                                      << " dil=" << c.dil << " bias=" << c.bias << " snake=" << c.snake
+                                      << " residual=" << c.residual);
+    Rng rng(seed++);
+    const int pad = (c.K / 2) * c.dil;
+    const std::vector<float> w = rng.vec(static_cast<size_t>(c.Cout * c.Cin * c.K), -0.5f, 0.5f, true);
+    const std::vector<float> b = rng.vec(static_cast<size_t>(c.Cout), -1.f, 1.f, true);
+    const std::vector<float> x = rng.vec(static_cast<size_t>(c.Cin * c.L), -2.f, 2.f, true);
+    const std::vector<float> alpha = rng.vec(static_cast<size_t>(c.Cin), 0.2f, 2.f, true);
+    const kern::ConvWeight direct =
+        kern::ConvWeight::conv1d(w.data(), c.bias ? b.data() : nullptr, c.Cout, c.Cin, c.K, pad, c.dil)
+            .rounded(DType::BF16);
+    const kern::ConvWeight gemm = kern::conv_gemm_bf16(direct);
+    if (!gemm.gemm)
+      GTEST_SKIP() << "oneDNN offers no bf16 matmul here (needs AVX512-BF16; or MM3_ONEDNN=0): conv_gemm_bf16 "
+                      "kept the direct weight, which kernels_conv_direct.cpp tests";
+    const int64_t Lout = direct.out_len(c.L);
+    ASSERT_EQ(Lout, c.L);
+    // The residual is the output buffer itself (y = y + conv), as the vocoder's residual units run it.
+    const std::vector<float> res0 = rng.vec(static_cast<size_t>(c.Cout * Lout), -1.f, 1.f, true);
+    std::vector<float> want = res0, got = res0;
+    kern::ConvFusion fw, fg;
+    if (c.snake) fw.snake_alpha = fg.snake_alpha = alpha.data();
+    if (c.residual) fw.residual = want.data(), fg.residual = got.data();
+    kern::conv_packed(pool, direct, x.data(), c.L, want.data(), DType::BF16, fw);
+    kern::conv_packed(pool, gemm, x.data(), c.L, got.data(), DType::BF16, fg);
+    int64_t off = 0, diff = 0;
+    for (int64_t co = 0; co < c.Cout; ++co)
+      for (int64_t t = 0; t < Lout; ++t) {
+        const size_t i = static_cast<size_t>(co * Lout + t);
+        // fp32 sums of Cin·K exact products in another order: ~Cin·K·eps·sum|terms| (bounded by the
+        // value scale here), then the output's own rounding: one bf16 spacing of the larger value.
+        const float tol = test::bf16_ulp(std::max(std::fabs(want[i]), std::fabs(got[i]))) +
+                          float(c.Cin * c.K) * 1.2e-7f * 4.f;
+        if (got[i] != want[i]) ++diff;
+        if (std::fabs(got[i] - want[i]) > tol || !test::is_bf16_value(got[i])) ++off;
+      }
+    EXPECT_EQ(off, 0);
+    EXPECT_LE(diff, c.Cout * Lout / 10) << diff << " of " << c.Cout * Lout << " outputs differ";
+  }
+}
+
+TEST(KernelsConvDnnl, StoreF32IgnoresTheForm) {
+  ThreadPool pool(2);
+  Rng rng(5);
+  const int64_t Cin = 13, Cout = 9, L = 77;
+  const std::vector<float> w = rng.vec(static_cast<size_t>(Cout * Cin * 7), -0.5f, 0.5f, true);
+  const std::vector<float> x = rng.vec(static_cast<size_t>(Cin * L), -2.f, 2.f, true);
+  const kern::ConvWeight direct = kern::ConvWeight::conv1d(w.data(), nullptr, Cout, Cin, 7, 3, 1);
+  const kern::ConvWeight gemm = kern::conv_gemm_bf16(direct);
+  if (!gemm.gemm) GTEST_SKIP() << "oneDNN offers no bf16 matmul here: nothing to compare";
+  std::vector<float> a(static_cast<size_t>(Cout * L)), b(a.size());
+  kern::conv_packed(pool, direct, x.data(), L, a.data(), DType::F32);
+  kern::conv_packed(pool, gemm, x.data(), L, b.data(), DType::F32);
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+}
+
+}  // namespace
+}  // namespace mm3
