@@ -250,13 +250,15 @@ class ConvWeight {
 void conv_packed(const ThreadPool& pool, const ConvWeight& w, const float* x, int64_t L, float* y, DType store,
                  const ConvFusion& fusion = {});
 
-// A copy of a Conv1d weight (stride 1; values already bf16, e.g. rounded(BF16)) that conv_packed runs,
-// when store is BF16, as bf16 GEMMs through oneDNN (AMX / AVX512-BF16): the (Snake'd) input as bf16,
-// im2col column chunks, y = round(round(W·cols + bias) [+ residual]) — the direct kernel's rounding
-// points, but oneDNN's fp32 summation order over exact bf16 products instead of one FMA chain, so a
-// value may differ from the direct kernel's by a bf16 ulp. Store F32 ignores the form (the direct,
-// golden-exact kernel runs). Without a oneDNN bf16 kernel (no AVX512-BF16, MM3_ONEDNN=0) or for a
-// ConvTranspose1d this returns w unchanged.
+// A copy of a packed weight (values already bf16, e.g. rounded(BF16)) that conv_packed runs, when
+// store is BF16, as bf16 GEMMs through oneDNN (AMX / AVX512-BF16), the (Snake'd) input as bf16:
+// Conv1d as W[Cout, Cin·K] times im2col column chunks; ConvTranspose1d as W'[Cout·K, Cin] times the
+// input columns a chunk of outputs reads, the taps of each output then summed in ascending k (col2im).
+// Then y = round(round(sum + bias) [+ residual]) — the direct kernel's rounding points, but oneDNN's
+// fp32 summation order over exact bf16 products instead of one FMA chain, so a value may differ from
+// the direct kernel's by a bf16 ulp. Store F32 ignores the form (the direct, golden-exact kernel
+// runs). Returns w unchanged without a oneDNN bf16 kernel (no AVX512-BF16, MM3_ONEDNN=0), and for a
+// ConvTranspose1d the direct kernel does not pack or one with output_padding.
 ConvWeight conv_gemm_bf16(const ConvWeight& w);
 
 // torch F.interpolate(mode="nearest") source index (ATen nearest_idx, legacy float32 scale rule).

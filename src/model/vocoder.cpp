@@ -189,9 +189,8 @@ const Vocoder::Weights& Vocoder::weights(DType compute) const {
   std::call_once(bf16_once_, [this] {
     auto w = std::make_unique<Weights>(*f32_);
     auto rc = [](kern::ConvWeight& c) { c = c.rounded(DType::BF16); };
-    // The Conv1d layers with many output channels also get the oneDNN bf16 GEMM form (kernels.h
-    // conv_gemm_bf16: AMX / AVX512-BF16); the transposed convs and conv_out (one output channel) keep
-    // the direct kernel.
+    // Every layer but conv_out (one output channel) also gets the oneDNN bf16 GEMM form (kernels.h
+    // conv_gemm_bf16: AMX / AVX512-BF16).
     auto rg = [](kern::ConvWeight& c) { c = kern::conv_gemm_bf16(c.rounded(DType::BF16)); };
     rg(w->in_proj);
     rg(w->conv_in);
@@ -199,7 +198,7 @@ const Vocoder::Weights& Vocoder::weights(DType compute) const {
     w->alpha_out = rounded(std::move(w->alpha_out));
     for (auto& bl : w->blocks) {
       bl.alpha = rounded(std::move(bl.alpha));
-      rc(bl.up);
+      rg(bl.up);
       for (auto& r : bl.res) {
         r.alpha1 = rounded(std::move(r.alpha1));
         r.alpha2 = rounded(std::move(r.alpha2));

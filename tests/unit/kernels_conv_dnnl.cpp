@@ -6,6 +6,7 @@
 // * every output bf16-valued and within one bf16 spacing (plus the fp32 summation bound) of the direct
 //   kernel, and at most 10% of outputs differing at all (a shifted im2col column, a lost bias or
 //   residual, a transposed weight fail nearly every output);
+// * ConvTranspose1d (stride 2..8, kernel 2·stride, the vocoder's padding) the same way;
 // * store F32 ignores the form (the direct kernel's bits exactly).
 // Skips (loudly) where oneDNN has no bf16 kernel here (no AVX512-BF16, or MM3_ONEDNN=0).
 #include <gtest/gtest.h>
@@ -78,6 +79,55 @@ TEST(KernelsConvDnnl, MatchesDirectKernel) {
       }
     EXPECT_EQ(off, 0);
     EXPECT_LE(diff, c.Cout * Lout / 10) << diff << " of " << c.Cout * Lout << " outputs differ";
+  }
+}
+
+struct TCase {
+  int64_t Cin, Cout, L;
+  int stride;
+  bool bias, snake;
+};
+
+// ConvTranspose1d, kernel 2·stride, padding ceil(stride / 2) (the vocoder's upsamplers), lengths
+// spanning several output chunks for the larger ones.
+TEST(KernelsConvDnnl, TransposedMatchesDirectKernel) {
+  const TCase cases[] = {
+      {24, 12, 37, 8, true, true},     // block-0-like, odd length
+      {40, 19, 3000, 4, true, true},   // several chunks
+      {9, 5, 1, 2, false, false},      // one input column
+      {16, 8, 20000, 2, true, false},  // many chunks, no Snake
+  };
+  ThreadPool pool(2);
+  uint64_t seed = 41;
+  for (const TCase& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "Cin=" << c.Cin << " Cout=" << c.Cout << " L=" << c.L
+                                      << " stride=" << c.stride << " bias=" << c.bias << " snake=" << c.snake);
+    Rng rng(seed++);
+    const int K = 2 * c.stride, pad = (c.stride + 1) / 2;
+    const std::vector<float> w = rng.vec(static_cast<size_t>(c.Cin * c.Cout * K), -0.5f, 0.5f, true);
+    const std::vector<float> b = rng.vec(static_cast<size_t>(c.Cout), -1.f, 1.f, true);
+    const std::vector<float> x = rng.vec(static_cast<size_t>(c.Cin * c.L), -2.f, 2.f, true);
+    const std::vector<float> alpha = rng.vec(static_cast<size_t>(c.Cin), 0.2f, 2.f, true);
+    const kern::ConvWeight direct = kern::ConvWeight::conv_transpose1d(w.data(), c.bias ? b.data() : nullptr, c.Cin,
+                                                                       c.Cout, K, c.stride, pad, 0)
+                                        .rounded(DType::BF16);
+    const kern::ConvWeight gemm = kern::conv_gemm_bf16(direct);
+    if (!gemm.gemm) GTEST_SKIP() << "oneDNN offers no bf16 matmul here (needs AVX512-BF16; or MM3_ONEDNN=0)";
+    const int64_t Lout = direct.out_len(c.L);
+    ASSERT_EQ(Lout, c.stride * c.L);
+    std::vector<float> want(static_cast<size_t>(c.Cout * Lout), -7.f), got = want;
+    kern::ConvFusion f;
+    if (c.snake) f.snake_alpha = alpha.data();
+    kern::conv_packed(pool, direct, x.data(), c.L, want.data(), DType::BF16, f);
+    kern::conv_packed(pool, gemm, x.data(), c.L, got.data(), DType::BF16, f);
+    int64_t off = 0, diff = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const float tol = test::bf16_ulp(std::max(std::fabs(want[i]), std::fabs(got[i])));
+      if (got[i] != want[i]) ++diff;
+      if (std::fabs(got[i] - want[i]) > tol || !test::is_bf16_value(got[i])) ++off;
+    }
+    EXPECT_EQ(off, 0);
+    EXPECT_LE(diff, int64_t(want.size()) / 10) << diff << " of " << want.size() << " outputs differ";
   }
 }
 
