@@ -75,8 +75,10 @@ struct GemmForm {
 
 int64_t floordiv(int64_t a, int64_t b);
 
-// conv_packed on a conv_gemm_bf16 weight (store BF16). Returns false (nothing written) when oneDNN
-// declines; the caller then runs the direct kernel.
+// conv_packed on a conv_gemm_bf16 weight (store BF16). Returns false, having written nothing, when
+// oneDNN declines the first GEMM (the caller then runs the direct kernel); a later chunk it declines
+// (only the shorter last one could be) is an InternalError: y may already hold earlier chunks, and
+// with an in-place residual a rerun would add the residual twice.
 bool conv_gemm_run(const ThreadPool& pool, const ConvWeight& cw, const GemmForm& g, const float* x, int64_t L,
                    float* y, const ConvFusion& fusion) {
   const int64_t Cin = cw.in_channels(), Cout = cw.out_channels(), Lout = cw.out_len(L);
@@ -137,7 +139,11 @@ bool conv_gemm_run(const ThreadPool& pool, const ConvWeight& cw, const GemmForm&
         for (int64_t c = c0; c < c1; ++c)
           std::memcpy(bp + c * nl, xp + c * L + la, static_cast<size_t>(nl) * sizeof(uint16_t));
       });
-      if (!detail::dnnl_matmul_bf16(pool, CoK, nl, Cin, g.w.data(), bp, yc)) return false;
+      if (!detail::dnnl_matmul_bf16(pool, CoK, nl, Cin, g.w.data(), bp, yc)) {
+        if (t0 == 0) return false;
+        throw InternalError(fmt::format("conv_packed: oneDNN declined the bf16 GEMM [{}, {}] x [{}, {}] of a "
+                                        "later chunk", CoK, Cin, Cin, nl));
+      }
       pool.parallel_for(Cout, [&](int64_t c0, int64_t c1) {
         for (int64_t co = c0; co < c1; ++co) {
           const float b = g.bias.empty() ? 0.f : g.bias[static_cast<size_t>(co)];
@@ -165,17 +171,23 @@ bool conv_gemm_run(const ThreadPool& pool, const ConvWeight& cw, const GemmForm&
   for (int64_t t0 = 0; t0 < Lout; t0 += step) {
     const int64_t nn = std::min(step, Lout - t0);
     // cols[(ci, k)][j] = x[ci][t0 + j + k·dil − pad], zero outside [0, L).
-    if (!direct_b) pool.parallel_for(CK, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const int64_t ci = r / K, k = r % K, s0 = t0 + k * dil - pad;
-        uint16_t* dst = cp + r * nn;
-        const int64_t a = std::clamp<int64_t>(-s0, 0, nn), b = std::clamp<int64_t>(L - s0, a, nn);
-        std::fill(dst, dst + a, uint16_t(0));
-        if (b > a) std::memcpy(dst + a, xp + ci * L + s0 + a, static_cast<size_t>(b - a) * sizeof(uint16_t));
-        std::fill(dst + b, dst + nn, uint16_t(0));
-      }
-    });
-    if (!detail::dnnl_matmul_bf16(pool, Cout, nn, CK, g.w.data(), direct_b ? xp : cp, ap)) return false;
+    if (!direct_b) {
+      pool.parallel_for(CK, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const int64_t ci = r / K, k = r % K, s0 = t0 + k * dil - pad;
+          uint16_t* dst = cp + r * nn;
+          const int64_t a = std::clamp<int64_t>(-s0, 0, nn), b = std::clamp<int64_t>(L - s0, a, nn);
+          std::fill(dst, dst + a, uint16_t(0));
+          if (b > a) std::memcpy(dst + a, xp + ci * L + s0 + a, static_cast<size_t>(b - a) * sizeof(uint16_t));
+          std::fill(dst + b, dst + nn, uint16_t(0));
+        }
+      });
+    }
+    if (!detail::dnnl_matmul_bf16(pool, Cout, nn, CK, g.w.data(), direct_b ? xp : cp, ap)) {
+      if (t0 == 0) return false;
+      throw InternalError(fmt::format("conv_packed: oneDNN declined the bf16 GEMM [{}, {}] x [{}, {}] of a "
+                                      "later chunk", Cout, CK, CK, nn));
+    }
     pool.parallel_for(Cout, [&](int64_t c0, int64_t c1) {
       for (int64_t co = c0; co < c1; ++co) {
         const float b = g.bias.empty() ? 0.f : g.bias[static_cast<size_t>(co)];
