@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define MM3_ABI_VERSION 1
+#define MM3_ABI_VERSION 2 /* 2: mm3_model_params gained acoustic_precision and ar_weights */
 #if defined(__GNUC__)
 #define MM3_API __attribute__((visibility("default")))
 #else
@@ -48,9 +48,18 @@ MM3_API const char* mm3_status_name(mm3_status s);
 MM3_API const char* mm3_last_error(void);
 
 /* ---- model ---- */
+typedef enum mm3_precision { MM3_PRECISION_F32 = 0, MM3_PRECISION_BF16 = 1 } mm3_precision;
+typedef enum mm3_ar_weights {
+  MM3_AR_WEIGHTS_DEFAULT = 0, /* the checkpoint's own: mm3-quant/default.json (mm3 quantize), else bf16 */
+  MM3_AR_WEIGHTS_BF16 = 1,    /* the reference */
+  MM3_AR_WEIGHTS_INT8 = 2,    /* quantized at load unless the checkpoint has the sidecar */
+  MM3_AR_WEIGHTS_Q4 = 3
+} mm3_ar_weights;
 typedef struct mm3_model_params {
   int n_threads;   /* 0 = all cores */
   int low_memory;  /* nonzero: free the LM and depth decoder before the DiT loads */
+  mm3_precision acoustic_precision; /* DiT + vocoder compute; F32 = the reference profile (default) */
+  mm3_ar_weights ar_weights;        /* LM + depth-decoder weights (default: the checkpoint's own) */
 } mm3_model_params;
 MM3_API mm3_model_params mm3_model_default_params(void);
 /* dir: a MiniMax-Music3 checkpoint folder (diffusers componentized layout). params may be NULL. */

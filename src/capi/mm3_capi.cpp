@@ -81,7 +81,9 @@ const char* mm3_status_name(mm3_status s) {
 
 const char* mm3_last_error(void) { return g_last_error.c_str(); }
 
-mm3_model_params mm3_model_default_params(void) { return mm3_model_params{0, 0}; }
+mm3_model_params mm3_model_default_params(void) {
+  return mm3_model_params{0, 0, MM3_PRECISION_F32, MM3_AR_WEIGHTS_DEFAULT};
+}
 
 mm3_status mm3_model_load(const char* dir, const mm3_model_params* params, mm3_model** out) {
   return guarded([&] {
@@ -92,6 +94,22 @@ mm3_status mm3_model_load(const char* dir, const mm3_model_params* params, mm3_m
     mm3::PipelineOptions opt;
     opt.threads = p.n_threads;
     opt.low_memory = p.low_memory != 0;
+    switch (p.acoustic_precision) {
+      case MM3_PRECISION_F32: opt.acoustic_precision = mm3::DType::F32; break;
+      case MM3_PRECISION_BF16: opt.acoustic_precision = mm3::DType::BF16; break;
+      default:
+        throw mm3::InvalidInput(fmt::format("mm3_model_params.acoustic_precision {}: use MM3_PRECISION_F32 or "
+                                            "MM3_PRECISION_BF16", static_cast<int>(p.acoustic_precision)));
+    }
+    switch (p.ar_weights) {
+      case MM3_AR_WEIGHTS_DEFAULT: break;
+      case MM3_AR_WEIGHTS_BF16: opt.ar_quant = mm3::kern::QuantType::None; break;
+      case MM3_AR_WEIGHTS_INT8: opt.ar_quant = mm3::kern::QuantType::Int8; break;
+      case MM3_AR_WEIGHTS_Q4: opt.ar_quant = mm3::kern::QuantType::Q4; break;
+      default:
+        throw mm3::InvalidInput(fmt::format("mm3_model_params.ar_weights {}: use one of MM3_AR_WEIGHTS_DEFAULT, "
+                                            "_BF16, _INT8, _Q4", static_cast<int>(p.ar_weights)));
+    }
     auto m = std::make_unique<mm3_model>();
     m->pipeline = std::make_unique<mm3::Pipeline>(dir, opt);
     *out = m.release();

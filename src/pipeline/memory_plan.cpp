@@ -102,7 +102,8 @@ uint64_t memory_limit(std::string* source) {
   return total;
 }
 
-MemoryPlan plan_memory(const Checkpoint& ckpt, int64_t prompt_tokens, int64_t max_frames, DType ar_precision) {
+MemoryPlan plan_memory(const Checkpoint& ckpt, int64_t prompt_tokens, int64_t max_frames, DType ar_precision,
+                       DType acoustic_precision) {
   MemoryPlan p;
   const ModelConfigs& c = ckpt.configs();
   {
@@ -118,8 +119,15 @@ MemoryPlan plan_memory(const Checkpoint& ckpt, int64_t prompt_tokens, int64_t ma
                    QW = uint64_t(c.lm.num_attention_heads) * uint64_t(c.lm.head_dim);
     p.ar_work = 64 * kMiB + 2ull * 256ull * (4 * H + 2 * I + 3 * QW) * 4ull;
   }
-  p.acoustic_weights = component_file_bytes(ckpt, "condition_encoder") + component_file_bytes(ckpt, "transformer") +
-                       component_file_bytes(ckpt, "vocoder");
+  const uint64_t dit_bytes = component_file_bytes(ckpt, "transformer"), voc_bytes = component_file_bytes(ckpt, "vocoder");
+  if (acoustic_precision == DType::BF16) {
+    // The bf16 profile multiplies bf16 copies of the DiT's weights (half the fp32 files); the fp32 pages
+    // they were made from are clean file pages the kernel can drop once copied. The vocoder keeps its
+    // fp32 weights (conv_out) beside bf16 copies of the rest: count both.
+    p.acoustic_weights = component_file_bytes(ckpt, "condition_encoder") + dit_bytes / 2 + voc_bytes + voc_bytes / 2;
+  } else {
+    p.acoustic_weights = component_file_bytes(ckpt, "condition_encoder") + dit_bytes + voc_bytes;
+  }
   // One window (200 frames -> 689 latents): the vocoder's largest stage activation (channels halve as
   // the length multiplies by each ratio) held in ~4 buffers, plus the DiT's batch-2 activations.
   const uint64_t L = 689;

@@ -102,7 +102,7 @@ GenerationResult Pipeline::generate(const Request& req, const RunControl& ctl, c
   // Memory: a stage that cannot fit fails now (OutOfMemory, exit 4) with the figures; when only the
   // two stages together do not fit, the AR models are freed before the acoustic stage (--low-memory).
   const bool must_drop =
-      check_memory(plan_memory(m.ckpt, out.prompt_tokens, ap.max_frames, m.opt.ar_precision));
+      check_memory(plan_memory(m.ckpt, out.prompt_tokens, ap.max_frames, m.opt.ar_precision, m.opt.acoustic_precision));
   if (must_drop && !m.opt.low_memory)
     out.notes.push_back("the LM and the acoustic models do not fit in memory together: freeing the LM before the "
                         "acoustic stage (as --low-memory does)");

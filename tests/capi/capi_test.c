@@ -53,6 +53,17 @@ int main(int argc, char** argv) {
     return failures ? 1 : 77;
   }
   mm3_model_params mp = mm3_model_default_params();
+  EXPECT(mp.acoustic_precision == MM3_PRECISION_F32 && mp.ar_weights == MM3_AR_WEIGHTS_DEFAULT,
+         "defaults are the reference profile");
+  mp.ar_weights = (mm3_ar_weights)9;
+  s = mm3_model_load(argv[1], &mp, &m);
+  EXPECT(s == MM3_ERR_INVALID_INPUT && m == NULL, "ar_weights 9: %s", mm3_status_name(s));
+  EXPECT(strstr(mm3_last_error(), "ar_weights") != NULL, "last error: %s", mm3_last_error());
+  mp = mm3_model_default_params();
+  mp.acoustic_precision = (mm3_precision)5;
+  s = mm3_model_load(argv[1], &mp, &m);
+  EXPECT(s == MM3_ERR_INVALID_INPUT && m == NULL, "acoustic_precision 5: %s", mm3_status_name(s));
+  mp = mm3_model_default_params();
   s = mm3_model_load(argv[1], &mp, &m);
   EXPECT(s == MM3_OK, "load: %s: %s", mm3_status_name(s), mm3_last_error());
   if (s != MM3_OK) return 1;
@@ -102,8 +113,24 @@ int main(int argc, char** argv) {
     EXPECT(s == MM3_ERR_INVALID_INPUT, "write to bad dir: %s", mm3_status_name(s));
     mm3_result_free(res);
   }
-  mm3_request_free(r);
   mm3_model_free(m);
+
+  /* The fast profile: bf16 acoustic stage, int8 AR weights (quantized at load). */
+  mp = mm3_model_default_params();
+  mp.acoustic_precision = MM3_PRECISION_BF16;
+  mp.ar_weights = MM3_AR_WEIGHTS_INT8;
+  s = mm3_model_load(argv[1], &mp, &m);
+  EXPECT(s == MM3_OK, "load bf16/int8: %s: %s", mm3_status_name(s), mm3_last_error());
+  if (s == MM3_OK) {
+    s = mm3_generate(m, r, NULL, &res);
+    EXPECT(s == MM3_OK, "generate bf16/int8: %s: %s", mm3_status_name(s), mm3_last_error());
+    if (s == MM3_OK) {
+      EXPECT(mm3_result_samples(res) > 0, "bf16/int8: no samples");
+      mm3_result_free(res);
+    }
+    mm3_model_free(m);
+  }
+  mm3_request_free(r);
   printf("%s\n", failures ? "capi_test: FAILED" : "capi_test: ok");
   return failures ? 1 : 0;
 }

@@ -49,6 +49,47 @@ expect_rc() {  # want, label, args...
   else echo "ok: $label -> $rc: $(head -c 160 "$tmp/bad.log")"; fi
   [ -e "$tmp/bad.wav" ] && { echo "FAIL: $label left an output file"; fail=1; rm -f "$tmp/bad.wav"; }
 }
+# Compute profiles. Replaying a.npy's codes with --dump: the f32 reference run and a bf16 acoustic run
+# give latents that differ (the flag reached the DiT) but stay close (same model, bf16 rounding); --quant
+# int8 changes the LM's frame hiddens slightly. A wrong flag value exits 2 before any work.
+rel_rms() {  # A.npy B.npy -> "rel_rms" of float32 arrays of one shape (stdlib only: no numpy here)
+  python3 - "$1" "$2" <<'PY'
+import ast, struct, sys, math
+def load(p):
+    b = open(p, 'rb').read()
+    hl = struct.unpack('<H', b[8:10])[0]
+    h = ast.literal_eval(b[10:10 + hl].decode('latin1'))
+    assert h['descr'] == '<f4', h
+    n = math.prod(h['shape'])
+    return h['shape'], struct.unpack('<%df' % n, b[10 + hl:10 + hl + 4 * n])
+sa, a = load(sys.argv[1]); sb, b = load(sys.argv[2])
+assert sa == sb, (sa, sb)
+num = sum((x - y) ** 2 for x, y in zip(a, b)); den = sum(x * x for x in a)
+print(math.sqrt(num / den) if den > 0 else float('inf'))
+PY
+}
+within() { python3 -c "import sys; v=float(sys.argv[1]); sys.exit(0 if float(sys.argv[2]) < v < float(sys.argv[3]) else 1)" "$@"; }
+"$mm3" generate "${args[@]}" --duration 4 --codes "$tmp/a.npy" --dump "$tmp/d32" -o "$tmp/p32.wav" 2>/dev/null \
+  && "$mm3" generate "${args[@]}" --duration 4 --codes "$tmp/a.npy" --acoustic-precision bf16 --dump "$tmp/d16" \
+       -o "$tmp/p16.wav" 2> "$tmp/p16.log" \
+  || { echo "FAIL: --acoustic-precision bf16 run exited $?: $(cat "$tmp/p16.log")"; fail=1; }
+if [ -f "$tmp/d16/latents_0.npy" ]; then
+  r=$(rel_rms "$tmp/d32/latents_0.npy" "$tmp/d16/latents_0.npy")
+  within "$r" 0 0.05 && echo "ok: --acoustic-precision bf16 latents rel RMS $r from f32 (nonzero, < 0.05)" \
+    || { echo "FAIL: --acoustic-precision bf16 latents rel RMS $r from f32 (want 0 < r < 0.05)"; fail=1; }
+  [ "$(stat -c %s "$tmp/p16.wav")" = "$(stat -c %s "$tmp/p32.wav")" ] && echo "ok: bf16 WAV has the f32 WAV's size" \
+    || { echo "FAIL: bf16 WAV size differs from f32's"; fail=1; }
+else echo "FAIL: the bf16 run dumped no latents"; fail=1; fi
+"$mm3" generate "${args[@]}" --duration 4 --codes "$tmp/a.npy" --quant int8 --dump "$tmp/dq" -o "$tmp/q.wav" \
+  2> "$tmp/q.log" || { echo "FAIL: --quant int8 run exited $?: $(cat "$tmp/q.log")"; fail=1; }
+if [ -f "$tmp/dq/frame_hiddens.npy" ]; then
+  r=$(rel_rms "$tmp/d32/frame_hiddens.npy" "$tmp/dq/frame_hiddens.npy")
+  within "$r" 0 0.05 && echo "ok: --quant int8 frame hiddens rel RMS $r from bf16 (nonzero, < 0.05)" \
+    || { echo "FAIL: --quant int8 frame hiddens rel RMS $r from bf16 (want 0 < r < 0.05)"; fail=1; }
+else echo "FAIL: the int8 run dumped no frame hiddens"; fail=1; fi
+expect_rc 2 "bad --acoustic-precision" "${args[@]}" --duration 1 --acoustic-precision fp16
+grep -q "use f32" "$tmp/bad.log" || { echo "FAIL: the message does not name the accepted values"; fail=1; }
+expect_rc 2 "bad --quant" "${args[@]}" --duration 1 --quant q3
 expect_rc 2 "empty lyrics" --model "$ck" --caption pop --lyrics " " --progress none
 expect_rc 2 "duration 0" "${args[@]}" --duration 0
 expect_rc 2 "duration 10000" "${args[@]}" --duration 10000

@@ -12,6 +12,7 @@
 #include "pipeline/model_resolve.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/request.h"
+#include "profile_flags.h"
 #include "progress_display.h"
 
 namespace mm3::cli {
@@ -28,6 +29,7 @@ struct GenArgs {
   int steps = -1, sample_rate = -1, threads = 0;
   bool low_memory = false, have_seed = false, no_download = false;
   std::string seed_text;
+  ProfileArgs profile;
 };
 
 std::string read_text_arg(const std::string& v, const char* what) {
@@ -92,6 +94,7 @@ int run_generate(const GenArgs& a) {
   PipelineOptions popt;
   popt.threads = a.threads;
   popt.low_memory = a.low_memory;
+  apply_profile_flags(a.profile, popt);
   // A repo id missing from the HF cache is downloaded here; Ctrl-C keeps the .incomplete for the next run.
   ResolveOptions ropt;
   ropt.allow_download = !a.no_download;
@@ -174,6 +177,7 @@ RegisterCommand reg{
        sub.add_option("--save-codes", a->save_codes, "write the codes (.npy) for replay");
        sub.add_option("--dump", a->dump, "write named intermediates (.npy) into this folder");
        sub.add_flag("--low-memory", a->low_memory, "free the LM before the DiT loads (needed for 24 GB machines)");
+       add_profile_flags(sub, a->profile);
        sub.add_option("-t,--threads", a->threads, "threads (default: all cores)");
        sub.add_option("--progress", a->progress, "auto | bar | json | none (auto: a bar when stderr is a terminal)");
        sub.footer(

@@ -23,6 +23,7 @@
 #include "core/errors.h"
 #include "core/log.h"
 #include "download_display.h"
+#include "profile_flags.h"
 #include "pipeline/model_resolve.h"
 #include "server/generator.h"
 #include "server/http_server.h"
@@ -53,6 +54,7 @@ struct ServeArgs {
   int threads = 0;
   bool low_memory = false, no_download = false;
   double fake_seconds = -1;
+  ProfileArgs profile;
 };
 
 int run_serve(const ServeArgs& a) {
@@ -76,6 +78,9 @@ int run_serve(const ServeArgs& a) {
   } else {
     if (a.model.empty())
       throw InvalidInput("--model is required: a checkpoint folder (diffusers layout) or a Hugging Face repo id");
+    PipelineOptions popt;
+    apply_profile_flags(a.profile, popt);  // a bad flag fails before any download
+    std::fprintf(stderr, "mm3 serve: compute profile: %s\n", describe_profile(popt).c_str());
     // Resolve now (downloading a repo id missing from the HF cache), so a wrong model fails before the
     // server binds (exit 3) instead of inside the worker.
     ResolveOptions ropt;
@@ -87,7 +92,6 @@ int run_serve(const ServeArgs& a) {
       dir = resolve_model(a.model, ropt);
     }
     sopt.model_name = a.model;
-    PipelineOptions popt;
     popt.threads = a.threads;
     popt.low_memory = a.low_memory;
     const std::string id = a.model;
@@ -158,6 +162,7 @@ RegisterCommand reg{{"serve", 40,
                        sub.add_option("--max-body", a->max_body, "largest request body in bytes (default 1 MiB)");
                        sub.add_option("-t,--threads", a->threads, "compute threads (default: all cores)");
                        sub.add_flag("--low-memory", a->low_memory, "free the LM before the DiT loads");
+                       add_profile_flags(sub, a->profile);
                        // Testing aid, hidden from --help (empty group): a synthetic tone instead of the model.
                        sub.add_option("--fake-generator", a->fake_seconds,
                                       "TESTING ONLY: no model; each job renders a labelled test tone in SECONDS")

@@ -1,0 +1,39 @@
+// profile_flags.cpp — see profile_flags.h.
+#include "profile_flags.h"
+
+#include "core/errors.h"
+
+namespace mm3::cli {
+
+void add_profile_flags(CLI::App& sub, ProfileArgs& a) {
+  sub.add_option("--acoustic-precision", a.acoustic_precision,
+                 "DiT + vocoder compute: f32 (default; the reference profile, exact against the goldens) or bf16 "
+                 "(about 3x faster DiT on CPUs with AVX512-BF16 or AMX; the waveform moves ~3% RMS from f32's)");
+  sub.add_option("--quant", a.quant,
+                 "LM + depth-decoder weights: bf16 (the reference), int8 or q4 (AR frames ~1.6x / ~2.3x faster; "
+                 "the same seed then samples a different song, see README 'Quantized LM + depth decoder'). Default: "
+                 "the checkpoint's own (mm3-quant/default.json, written by `mm3 quantize`), else bf16. Without a "
+                 "sidecar from `mm3 quantize` the weights are quantized at load");
+}
+
+void apply_profile_flags(const ProfileArgs& a, PipelineOptions& popt) {
+  if (a.acoustic_precision == "f32" || a.acoustic_precision == "fp32")
+    popt.acoustic_precision = DType::F32;
+  else if (a.acoustic_precision == "bf16")
+    popt.acoustic_precision = DType::BF16;
+  else
+    throw InvalidInput(fmt::format("--acoustic-precision '{}': use f32 (the reference) or bf16", a.acoustic_precision));
+  if (!a.quant.empty()) {
+    const auto t = kern::quant_from_name(a.quant);
+    if (!t) throw InvalidInput(fmt::format("--quant '{}': use bf16 (unquantized), int8 or q4", a.quant));
+    popt.ar_quant = *t;
+  }
+}
+
+std::string describe_profile(const PipelineOptions& popt) {
+  return fmt::format("acoustic {}, AR weights {}", popt.acoustic_precision == DType::BF16 ? "bf16" : "f32",
+                     popt.ar_quant ? (*popt.ar_quant == kern::QuantType::None ? "bf16" : kern::quant_name(*popt.ar_quant))
+                                   : "the checkpoint's default");
+}
+
+}  // namespace mm3::cli
