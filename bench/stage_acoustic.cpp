@@ -199,59 +199,69 @@ RegisterStage reg_vocoder{{
         },
 }};
 
+// vocoder_L689_layers / _bf16_layers: the decode with Vocoder::decode's per-layer profile.
+StageRun vocoder_layers_run(const BenchContext& ctx, DType compute) {
+  const ThreadPool& pool = ctx.pool();
+  auto b = vocoder_bench(ctx);
+  StageRun r;
+  r.run = [b, &pool, compute] {
+    b->profiles.emplace_back();
+    b->voc->decode(pool, b->lat.data(), kL, b->wave.data(), b->hop * kL, compute, &b->profiles.back());
+  };
+  r.flops = b->voc->flops(kL);
+  r.info = vocoder_info(ctx, *b);
+  r.info["compute"] = dtype_name(compute);
+  r.finish = [b](double median_s, nlohmann::json& info) {
+    info["audio_s_per_s"] = median_s > 0 ? b->audio_s / median_s : 0.0;
+    // Drop the warm-up call's profile; per-layer medians over the timed calls.
+    std::vector<VocoderProfile> ps(b->profiles.begin() + (b->profiles.size() > 1 ? 1 : 0), b->profiles.end());
+    nlohmann::json layers = nlohmann::json::array();
+    std::map<std::string, std::array<double, 3>> by_op;  // op -> (seconds, cpu seconds, flops)
+    for (size_t i = 0; i < ps.front().size(); ++i) {
+      std::vector<double> t, c;
+      for (const auto& p : ps) t.push_back(p[i].seconds), c.push_back(p[i].cpu_seconds);
+      const VocoderLayerTime& e = ps.front()[i];
+      const double sec = median_of(t), cpu = median_of(c);
+      nlohmann::json j = {{"name", e.name}, {"op", e.op}, {"seconds", sec}, {"cpu_seconds", cpu}};
+      if (e.flops > 0) {
+        j["flops"] = e.flops;
+        j["gflop_per_s"] = sec > 0 ? e.flops / sec / 1e9 : 0.0;
+        j["gflop_per_cpu_s"] = cpu > 0 ? e.flops / cpu / 1e9 : 0.0;
+      }
+      if (e.elements > 0) j["elements"] = e.elements;
+      layers.push_back(j);
+      auto& o = by_op[e.op];
+      o[0] += sec, o[1] += cpu, o[2] += e.flops;
+    }
+    nlohmann::json ops = nlohmann::json::object();
+    for (const auto& [op, v] : by_op) {
+      ops[op] = {{"seconds", v[0]}, {"cpu_seconds", v[1]}};
+      if (v[2] > 0) {
+        ops[op]["flops"] = v[2];
+        ops[op]["gflop_per_s"] = v[0] > 0 ? v[2] / v[0] / 1e9 : 0.0;
+        ops[op]["gflop_per_cpu_s"] = v[1] > 0 ? v[2] / v[1] / 1e9 : 0.0;
+      }
+    }
+    info["by_op"] = ops;
+    info["layers"] = layers;
+  };
+  return r;
+}
+
 RegisterStage reg_vocoder_layers{{
     .name = "vocoder_L689_layers",
     .description = "vocoder_L689 with per-layer wall times (Vocoder::decode's profile, both streams summed): "
                    "`layers` lists each (fused) conv / transposed conv with its median seconds, cpu_seconds (all "
                    "threads), flops, gflop_per_s and gflop_per_cpu_s; `by_op` sums them per op",
     .needs_model = true,
-    .setup =
-        [](const BenchContext& ctx) {
-          const ThreadPool& pool = ctx.pool();
-          auto b = vocoder_bench(ctx);
-          StageRun r;
-          r.run = [b, &pool] {
-            b->profiles.emplace_back();
-            b->voc->decode(pool, b->lat.data(), kL, b->wave.data(), b->hop * kL, DType::F32, &b->profiles.back());
-          };
-          r.flops = b->voc->flops(kL);
-          r.info = vocoder_info(ctx, *b);
-          r.finish = [b](double median_s, nlohmann::json& info) {
-            info["audio_s_per_s"] = median_s > 0 ? b->audio_s / median_s : 0.0;
-            // Drop the warm-up call's profile; per-layer medians over the timed calls.
-            std::vector<VocoderProfile> ps(b->profiles.begin() + (b->profiles.size() > 1 ? 1 : 0), b->profiles.end());
-            nlohmann::json layers = nlohmann::json::array();
-            std::map<std::string, std::array<double, 3>> by_op;  // op -> (seconds, cpu seconds, flops)
-            for (size_t i = 0; i < ps.front().size(); ++i) {
-              std::vector<double> t, c;
-              for (const auto& p : ps) t.push_back(p[i].seconds), c.push_back(p[i].cpu_seconds);
-              const VocoderLayerTime& e = ps.front()[i];
-              const double sec = median_of(t), cpu = median_of(c);
-              nlohmann::json j = {{"name", e.name}, {"op", e.op}, {"seconds", sec}, {"cpu_seconds", cpu}};
-              if (e.flops > 0) {
-                j["flops"] = e.flops;
-                j["gflop_per_s"] = sec > 0 ? e.flops / sec / 1e9 : 0.0;
-                j["gflop_per_cpu_s"] = cpu > 0 ? e.flops / cpu / 1e9 : 0.0;
-              }
-              if (e.elements > 0) j["elements"] = e.elements;
-              layers.push_back(j);
-              auto& o = by_op[e.op];
-              o[0] += sec, o[1] += cpu, o[2] += e.flops;
-            }
-            nlohmann::json ops = nlohmann::json::object();
-            for (const auto& [op, v] : by_op) {
-              ops[op] = {{"seconds", v[0]}, {"cpu_seconds", v[1]}};
-              if (v[2] > 0) {
-                ops[op]["flops"] = v[2];
-                ops[op]["gflop_per_s"] = v[0] > 0 ? v[2] / v[0] / 1e9 : 0.0;
-                ops[op]["gflop_per_cpu_s"] = v[1] > 0 ? v[2] / v[1] / 1e9 : 0.0;
-              }
-            }
-            info["by_op"] = ops;
-            info["layers"] = layers;
-          };
-          return r;
-        },
+    .setup = [](const BenchContext& ctx) { return vocoder_layers_run(ctx, DType::F32); },
+}};
+
+RegisterStage reg_vocoder_bf16_layers{{
+    .name = "vocoder_L689_bf16_layers",
+    .description = "vocoder_L689_layers with the BF16 compute option (as vocoder_L689_bf16)",
+    .needs_model = true,
+    .setup = [](const BenchContext& ctx) { return vocoder_layers_run(ctx, DType::BF16); },
 }};
 
 }  // namespace

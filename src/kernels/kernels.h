@@ -237,6 +237,8 @@ class ConvWeight {
   std::shared_ptr<const void> packed;  // backend-private
   // Backend-private bf16 GEMM form (conv_gemm_bf16); null when the layer has none.
   std::shared_ptr<const void> gemm;
+  // Backend-private bf16 channel-pair form of the direct kernel (conv_dpbf16); null when none.
+  std::shared_ptr<const void> pairs;
 
  private:
   bool transposed_ = false;
@@ -260,6 +262,22 @@ void conv_packed(const ThreadPool& pool, const ConvWeight& w, const float* x, in
 // runs). Returns w unchanged without a oneDNN bf16 kernel (no AVX512-BF16, MM3_ONEDNN=0), and for a
 // ConvTranspose1d the direct kernel does not pack or one with output_padding.
 ConvWeight conv_gemm_bf16(const ConvWeight& w);
+
+// A copy of a packed weight (values already bf16) that conv_packed runs, when store is BF16, on the
+// direct kernel with bf16 operands: input channels taken in pairs, each AVX512-BF16 vdpbf16ps adding a
+// pair's two exact products to the fp32 accumulators (the (Snake'd) input rounded to bf16 as the slab is
+// packed). Same tiling, rounding points and epilogue as the fp32 direct kernel, but the chain adds the
+// products two at a time (the instruction's order; denormals flush to zero), so a value may differ from
+// the direct kernel's by a bf16 ulp. For CPUs without AMX, where oneDNN's bf16 GEMMs (conv_gemm_bf16)
+// run at the same dot-product rate plus im2col traffic. Store F32 ignores the form. Returns w unchanged
+// without AVX512-BF16, and for a ConvTranspose1d the direct kernel does not pack.
+ConvWeight conv_dpbf16(const ConvWeight& w);
+
+// The faster of the two bf16 forms on this CPU, as measured on the vocoder: conv_gemm_bf16 with AMX
+// (oneDNN's tiles), conv_dpbf16 with AVX512-BF16 only (on Zen 4 the pairs ran the vocoder's layers
+// faster than oneDNN's avx512_core_bf16 GEMMs), else w unchanged. MM3_CONV_BF16=gemm|pairs|direct picks
+// one (direct: no form, the fp32-operand direct kernel on the bf16 weights).
+ConvWeight conv_bf16_form(const ConvWeight& w);
 
 // torch F.interpolate(mode="nearest") source index (ATen nearest_idx, legacy float32 scale rule).
 int64_t nearest_src_index(int64_t dst, int64_t in_len, int64_t out_len);

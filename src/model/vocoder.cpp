@@ -189,9 +189,9 @@ const Vocoder::Weights& Vocoder::weights(DType compute) const {
   std::call_once(bf16_once_, [this] {
     auto w = std::make_unique<Weights>(*f32_);
     auto rc = [](kern::ConvWeight& c) { c = c.rounded(DType::BF16); };
-    // Every layer but conv_out (one output channel) also gets the oneDNN bf16 GEMM form (kernels.h
-    // conv_gemm_bf16: AMX / AVX512-BF16).
-    auto rg = [](kern::ConvWeight& c) { c = kern::conv_gemm_bf16(c.rounded(DType::BF16)); };
+    // Every layer but conv_out (one output channel) also gets the CPU's faster bf16 form (kernels.h
+    // conv_bf16_form: oneDNN GEMMs on AMX, the direct kernel on bf16 pairs with AVX512-BF16).
+    auto rg = [](kern::ConvWeight& c) { c = kern::conv_bf16_form(c.rounded(DType::BF16)); };
     rg(w->in_proj);
     rg(w->conv_in);
     rc(w->conv_out);

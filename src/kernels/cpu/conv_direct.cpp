@@ -35,6 +35,8 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <string>
+#include <cstdlib>
 #include <vector>
 
 #include "kernels/cpu/conv_detail.h"
@@ -71,6 +73,14 @@ struct Packed {
 struct GemmForm {
   std::vector<uint16_t> w;
   std::vector<float> bias;
+};
+
+// conv_dpbf16's form: the packed weight with input channels taken in pairs, each uint32 holding the
+// bf16 bits of channel 2p (low half) and 2p+1 (high half; zero past Cin), [cobs][cin2][taps][kMR][phases]
+// — the layout of Packed::w with Cin halved, so the tile's weight stream is contiguous as before.
+struct PairForm {
+  int64_t cin2 = 0;  // ceil(Cin / 2)
+  std::vector<uint32_t> w;
 };
 
 int64_t floordiv(int64_t a, int64_t b);
@@ -261,10 +271,7 @@ MM3_AVX512_TARGET inline __m512 round_bf16_512(__m512 v) {
   return _mm512_mask_blend_ps(nan, _mm512_castsi512_ps(r), _mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000)));
 }
 
-template <int S>
-MM3_AVX512_TARGET void tile_avx512(const float* xs, int64_t ld, const float* w, int64_t kc, int taps,
-                                   const int64_t* off, const TileIO& io) {
-  __m512 acc[kMR][kNV];
+MM3_AVX512_TARGET inline void tile_start(__m512 (&acc)[kMR][kNV], const TileIO& io) {
   if (io.first) {
     for (int m = 0; m < kMR; ++m)
       for (int v = 0; v < kNV; ++v) acc[m][v] = _mm512_setzero_ps();
@@ -272,19 +279,10 @@ MM3_AVX512_TARGET void tile_avx512(const float* xs, int64_t ld, const float* w, 
     for (int m = 0; m < kMR; ++m)
       for (int v = 0; v < kNV; ++v) acc[m][v] = _mm512_loadu_ps(io.part + m * io.part_ld + 16 * v);
   }
-  for (int64_t c = 0; c < kc; ++c) {
-    const float* xr = xs + c * ld;
-    for (int j = 0; j < taps; ++j) {
-      const float* xp = xr + off[j];
-      __m512 xv[kNV];
-      for (int v = 0; v < kNV; ++v) xv[v] = _mm512_loadu_ps(xp + 16 * v);
-      for (int m = 0; m < kMR; ++m) {
-        const __m512 wv = weight_512<S>(w + m * S);
-        for (int v = 0; v < kNV; ++v) acc[m][v] = _mm512_fmadd_ps(wv, xv[v], acc[m][v]);
-      }
-      w += kMR * S;
-    }
-  }
+}
+
+// Parks the partial sums (not the last slab), or adds the bias, rounds, adds the residual, rounds, stores.
+MM3_AVX512_TARGET inline void tile_finish(__m512 (&acc)[kMR][kNV], const TileIO& io) {
   if (!io.last) {
     for (int m = 0; m < kMR; ++m)
       for (int v = 0; v < kNV; ++v) _mm512_storeu_ps(io.part + m * io.part_ld + 16 * v, acc[m][v]);
@@ -304,6 +302,79 @@ MM3_AVX512_TARGET void tile_avx512(const float* xs, int64_t ld, const float* w, 
       }
       _mm512_mask_storeu_ps(io.y + m * io.ldy + 16 * v, mk, val);
     }
+  }
+}
+
+template <int S>
+MM3_AVX512_TARGET void tile_avx512(const float* xs, int64_t ld, const float* w, int64_t kc, int taps,
+                                   const int64_t* off, const TileIO& io) {
+  __m512 acc[kMR][kNV];
+  tile_start(acc, io);
+  for (int64_t c = 0; c < kc; ++c) {
+    const float* xr = xs + c * ld;
+    for (int j = 0; j < taps; ++j) {
+      const float* xp = xr + off[j];
+      __m512 xv[kNV];
+      for (int v = 0; v < kNV; ++v) xv[v] = _mm512_loadu_ps(xp + 16 * v);
+      for (int m = 0; m < kMR; ++m) {
+        const __m512 wv = weight_512<S>(w + m * S);
+        for (int v = 0; v < kNV; ++v) acc[m][v] = _mm512_fmadd_ps(wv, xv[v], acc[m][v]);
+      }
+      w += kMR * S;
+    }
+  }
+  tile_finish(acc, io);
+}
+
+// The tile on channel pairs (conv_dpbf16): slab and weight elements are uint32 pairs of bf16 (channels
+// 2p, 2p+1), each vdpbf16ps adds both products of a pair to the fp32 accumulator (the instruction's own
+// order and rounding; denormal inputs and results flush to zero). The weight patterns broadcast as
+// 32-bit values, exactly as the fp32 tile broadcasts its floats.
+#define MM3_DPBF16_TARGET __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512bf16")))
+template <int S>
+MM3_DPBF16_TARGET void tile_dp_avx512(const uint32_t* xs, int64_t ld, const uint32_t* w, int64_t kcp, int taps,
+                                      const int64_t* off, const TileIO& io) {
+  __m512 acc[kMR][kNV];
+  tile_start(acc, io);
+  for (int64_t c = 0; c < kcp; ++c) {
+    const uint32_t* xr = xs + c * ld;
+    for (int j = 0; j < taps; ++j) {
+      const uint32_t* xp = xr + off[j];
+      __m512bh xv[kNV];
+      for (int v = 0; v < kNV; ++v) xv[v] = (__m512bh)_mm512_loadu_si512(xp + 16 * v);
+      for (int m = 0; m < kMR; ++m) {
+        const __m512bh wv = (__m512bh)_mm512_castps_si512(weight_512<S>(reinterpret_cast<const float*>(w + m * S)));
+        for (int v = 0; v < kNV; ++v) acc[m][v] = _mm512_dpbf16_ps(acc[m][v], wv, xv[v]);
+      }
+      w += kMR * S;
+    }
+  }
+  tile_finish(acc, io);
+}
+
+using TileDpFn = void (*)(const uint32_t*, int64_t, const uint32_t*, int64_t, int, const int64_t*, const TileIO&);
+
+TileDpFn tile_dp_for(int phases) {
+  switch (phases) {
+    case 1: return &tile_dp_avx512<1>;
+    case 2: return &tile_dp_avx512<2>;
+    case 4: return &tile_dp_avx512<4>;
+    case 8: return &tile_dp_avx512<8>;
+    case 16: return &tile_dp_avx512<16>;
+    default: break;
+  }
+  throw InternalError(fmt::format("conv_packed: no bf16-pair tile for {} weight phases", phases));
+}
+
+// row[c] = bf16(a[c]) | bf16(b[c]) << 16 for c < n (round to nearest even, NaN -> 0x7FC0).
+MM3_AVX512_TARGET void pair_rows_avx512(const float* a, const float* b, uint32_t* row, int64_t n) {
+  const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int64_t c = 0; c < n; c += 16) {
+    const int64_t left = n - c;
+    const __mmask16 mk = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1u);
+    const __m512i lo = _mm512_srli_epi32(_mm512_castps_si512(round_bf16_512(_mm512_maskz_loadu_ps(mk, a + c))), 16);
+    const __m512i up = _mm512_and_si512(_mm512_castps_si512(round_bf16_512(_mm512_maskz_loadu_ps(mk, b + c))), hi);
+    _mm512_mask_storeu_epi32(row + c, mk, _mm512_or_si512(lo, up));
   }
 }
 
@@ -500,24 +571,20 @@ ConvWeight conv_gemm_bf16(const ConvWeight& w) {
   return r;
 }
 
-void conv_packed(const ThreadPool& pool, const ConvWeight& cw, const float* x, int64_t L, float* y, DType store,
-                 const ConvFusion& fusion) {
-  MM3_CHECK(!cw.empty() && L > 0, "conv_packed: empty weight or L={}", L);
-  const Packed& P = *static_cast<const Packed*>(cw.packed.get());
+namespace {
+
+// The direct kernel's task loop (see conv_packed): fp32 slabs and tile, or (Pairs) bf16 channel-pair
+// slabs and the vdpbf16ps tile of a conv_dpbf16 weight.
+template <bool Pairs>
+void direct_run(const ThreadPool& pool, const ConvWeight& cw, const Packed& P, const PairForm* pf, const float* x,
+                int64_t L, float* y, DType store, const ConvFusion& fusion) {
+  using Elem = std::conditional_t<Pairs, uint32_t, float>;
   const int64_t Cin = cw.in_channels(), Cout = cw.out_channels(), Lout = cw.out_len(L);
-  MM3_CHECK(Lout > 0, "conv_packed: output length {} for L={}", Lout, L);
-  if (cw.gemm && store == DType::BF16 &&
-      conv_gemm_run(pool, cw, *static_cast<const GemmForm*>(cw.gemm.get()), x, L, y, fusion))
-    return;
-  if (!P.raw.empty()) {
-    conv_transpose1d(pool, x, Cin, L, P.raw.data(), P.bias.empty() ? nullptr : P.bias.data(), Cout,
-                     cw.kernel_size(), cw.stride(), cw.pad(), cw.output_padding(), y, store, fusion);
-    return;
-  }
   const bool tr = cw.transposed();
   // Geometry of the slab's first column relative to a task's first output t0 (see the file comment).
   const int stride = cw.stride(), pad = cw.pad(), J = P.taps;
-  const TileFn tile = tile_for(P.phases);
+  const TileFn tile = Pairs ? nullptr : tile_for(P.phases);
+  const TileDpFn tile_dp = Pairs ? tile_dp_for(P.phases) : nullptr;
   const bool bf = store == DType::BF16;
 
   // Blocking (numerics do not depend on any of it). Tasks are (chunk of TC outputs, group of G
@@ -532,7 +599,9 @@ void conv_packed(const ThreadPool& pool, const ConvWeight& cw, const float* x, i
   // Sizes measured on the vocoder's layers (Zen 5, 48 KiB L1, 1 MiB L2): multi-tap layers take slabs
   // of 128 channels over chunks of up to 1024 outputs (~550 KiB); one-tap layers (few FMAs per slab
   // value) take every channel (up to 768) over 256 outputs, which avoids partial sums.
-  const int64_t KC = std::min<int64_t>(Cin, P.taps == 1 ? 768 : 128);
+  // The bf16-pair slab holds two channels per row (half the bytes): slabs twice as deep.
+  const int64_t KC = std::min<int64_t>(Cin, (P.taps == 1 ? 768 : 128) * (Pairs ? 2 : 1));
+  const int64_t KR = Pairs ? (KC + 1) / 2 : KC;  // slab rows
   const int64_t want = 8 * int64_t(workers);  // tasks, for balance
   const int64_t TC = std::clamp<int64_t>(((Lout + want - 1) / want + kNR - 1) / kNR * kNR, 256,
                                          P.taps == 1 ? 256 : 1024);
@@ -559,10 +628,11 @@ void conv_packed(const ThreadPool& pool, const ConvWeight& cw, const float* x, i
         // written up to the last one a tile reads, partial sums are read only after a slab stored them,
         // and `line` is cleared before each use.
         const size_t line_n = tr ? static_cast<size_t>((TC + P.span + 2 * stride) / stride + 16) : 0;
-        std::unique_ptr<float[]> slab_buf(new float[static_cast<size_t>(KC * ld)]);
+        std::unique_ptr<Elem[]> slab_buf(new Elem[static_cast<size_t>(KR * ld)]);
+        std::unique_ptr<float[]> pair_buf(Pairs ? new float[static_cast<size_t>(2 * ld)] : nullptr);
         std::unique_ptr<float[]> part_buf(multi ? new float[static_cast<size_t>(G * kMR * TC)] : nullptr);
         std::unique_ptr<float[]> line_buf(tr ? new float[line_n] : nullptr);
-        float* const slab = slab_buf.get();
+        Elem* const slab = slab_buf.get();
         float* const part = part_buf.get();
         float* const line = line_buf.get();
         TileIO io{};
@@ -576,11 +646,14 @@ void conv_packed(const ThreadPool& pool, const ConvWeight& cw, const float* x, i
           const int64_t wcols = ntp + P.span;  // slab columns this task reads
           for (int64_t c0 = 0; c0 < Cin; c0 += KC) {
             const int64_t kc = std::min(KC, Cin - c0);
-            // The slab: rows c0 .. c0+kc of the (Snake'd) input around [t0, t0 + ntp).
-            for (int64_t c = 0; c < kc; ++c) {
-              const int64_t ci = c0 + c;
+            // The slab: rows c0 .. c0+kc of the (Snake'd) input around [t0, t0 + ntp) (channel pairs
+            // per row for the bf16-pair tile; a pair's missing second channel is a zero row).
+            auto fill = [&](int64_t ci, float* row) {
+              if (ci >= Cin) {
+                std::fill(row, row + wcols, 0.f);
+                return;
+              }
               const float* xr = x + ci * L;
-              float* row = slab + c * ld;
               auto act = [&](const float* src, float* dst, int64_t n) {
                 if (fusion.snake_alpha)
                   detail::snake_row(src, fusion.snake_alpha[ci], inv[static_cast<size_t>(ci)], dst, n, store);
@@ -604,11 +677,21 @@ void conv_packed(const ThreadPool& pool, const ConvWeight& cw, const float* x, i
                 if (vb > va) act(xr + va, line + (va - qa), vb - va);
                 expand_row(line, row, wcols, stride, r0);
               }
+            };
+            if constexpr (Pairs) {
+              for (int64_t r = 0; r < (kc + 1) / 2; ++r) {
+                fill(c0 + 2 * r, pair_buf.get());
+                fill(c0 + 2 * r + 1, pair_buf.get() + ld);
+                pair_rows_avx512(pair_buf.get(), pair_buf.get() + ld, slab + r * ld, wcols);
+              }
+            } else {
+              for (int64_t c = 0; c < kc; ++c) fill(c0 + c, slab + c * ld);
             }
             io.first = c0 == 0;
             io.last = c0 + kc == Cin;
             for (int64_t cob = cb0; cob < cb1; ++cob) {
-              const float* wb = P.w.data() + ((cob * Cin + c0) * P.taps) * kMR * P.phases;
+              const int64_t wofs = Pairs ? ((cob * pf->cin2 + c0 / 2) * P.taps) * kMR * P.phases
+                                         : ((cob * Cin + c0) * P.taps) * kMR * P.phases;
               io.rows = static_cast<int>(std::min<int64_t>(kMR, Cout - cob * kMR));
               io.bias = P.bias.empty() ? nullptr : P.bias.data() + cob * kMR;
               for (int64_t t = 0; t < ntp; t += kNR) {
@@ -616,13 +699,72 @@ void conv_packed(const ThreadPool& pool, const ConvWeight& cw, const float* x, i
                 io.cols = static_cast<int>(std::min<int64_t>(kNR, nt - t));
                 io.y = y + (cob * kMR) * Lout + t0 + t;
                 io.res = fusion.residual ? fusion.residual + (cob * kMR) * Lout + t0 + t : nullptr;
-                tile(slab + t, ld, wb, kc, P.taps, P.off.data(), io);
+                if constexpr (Pairs)
+                  tile_dp(slab + t, ld, pf->w.data() + wofs, (kc + 1) / 2, P.taps, P.off.data(), io);
+                else
+                  tile(slab + t, ld, P.w.data() + wofs, kc, P.taps, P.off.data(), io);
               }
             }
           }
         }
       },
       1);
+}
+
+}  // namespace
+
+ConvWeight conv_dpbf16(const ConvWeight& w) {
+  MM3_CHECK(!w.empty(), "conv_dpbf16 on an empty weight");
+  const Packed& P = *static_cast<const Packed*>(w.packed.get());
+  if (!detail::cpu_has_avx512bf16() || !P.raw.empty()) return w;
+  const int64_t Cin = w.in_channels(), unit = int64_t(P.taps) * kMR * P.phases;  // values per (cob, ci)
+  auto f = std::make_shared<PairForm>();
+  f->cin2 = (Cin + 1) / 2;
+  f->w.assign(static_cast<size_t>(P.cobs * f->cin2 * unit), 0u);
+  for (int64_t cob = 0; cob < P.cobs; ++cob)
+    for (int64_t ci = 0; ci < Cin; ++ci) {
+      const float* src = P.w.data() + (cob * Cin + ci) * unit;
+      uint32_t* dst = f->w.data() + (cob * f->cin2 + ci / 2) * unit;
+      const int shift = ci % 2 ? 16 : 0;
+      for (int64_t e = 0; e < unit; ++e) dst[e] |= uint32_t(f32_to_bf16_bits(src[e])) << shift;
+    }
+  ConvWeight r = w;
+  r.pairs = std::move(f);
+  return r;
+}
+
+ConvWeight conv_bf16_form(const ConvWeight& w) {
+  static const std::string pick = [] {
+    const char* e = std::getenv("MM3_CONV_BF16");
+    const std::string v = e ? e : "";
+    if (!v.empty() && v != "gemm" && v != "pairs" && v != "direct")
+      throw InvalidInput(fmt::format("MM3_CONV_BF16='{}': use gemm, pairs or direct (or leave it unset)", v));
+    return v;
+  }();
+  if (pick == "gemm") return conv_gemm_bf16(w);
+  if (pick == "pairs") return conv_dpbf16(w);
+  if (pick == "direct") return w;
+  return detail::cpu_has_amx_bf16() ? conv_gemm_bf16(w) : conv_dpbf16(w);
+}
+
+void conv_packed(const ThreadPool& pool, const ConvWeight& cw, const float* x, int64_t L, float* y, DType store,
+                 const ConvFusion& fusion) {
+  MM3_CHECK(!cw.empty() && L > 0, "conv_packed: empty weight or L={}", L);
+  const Packed& P = *static_cast<const Packed*>(cw.packed.get());
+  const int64_t Cin = cw.in_channels(), Cout = cw.out_channels(), Lout = cw.out_len(L);
+  MM3_CHECK(Lout > 0, "conv_packed: output length {} for L={}", Lout, L);
+  if (cw.gemm && store == DType::BF16 &&
+      conv_gemm_run(pool, cw, *static_cast<const GemmForm*>(cw.gemm.get()), x, L, y, fusion))
+    return;
+  if (!P.raw.empty()) {
+    conv_transpose1d(pool, x, Cin, L, P.raw.data(), P.bias.empty() ? nullptr : P.bias.data(), Cout,
+                     cw.kernel_size(), cw.stride(), cw.pad(), cw.output_padding(), y, store, fusion);
+    return;
+  }
+  if (cw.pairs && store == DType::BF16)
+    direct_run<true>(pool, cw, P, static_cast<const PairForm*>(cw.pairs.get()), x, L, y, store, fusion);
+  else
+    direct_run<false>(pool, cw, P, nullptr, x, L, y, store, fusion);
 }
 
 }  // namespace mm3::kern

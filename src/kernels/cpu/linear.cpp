@@ -40,6 +40,10 @@ bool cpu_has_avx512() {
                         __builtin_cpu_supports("avx512vl");
   return v;
 }
+bool cpu_has_amx_bf16() {
+  static const bool v = __builtin_cpu_supports("amx-bf16") && __builtin_cpu_supports("amx-tile");
+  return v;
+}
 bool cpu_has_avx2_fma() {
   static const bool v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return v;

@@ -30,6 +30,7 @@ namespace mm3::kern::detail {
 bool cpu_has_avx512bf16();
 bool cpu_has_avx512();
 bool cpu_has_avx2_fma();
+bool cpu_has_amx_bf16();  // AMX-BF16 tiles (oneDNN's brgemm then runs bf16 GEMMs on them)
 
 inline void store_rounded(float* dst, const float* src, int64_t n, DType store) {
   if (store == DType::BF16) {
