@@ -110,6 +110,7 @@ struct VocBench {
   int64_t hop = 0;
   double audio_s = 0;
   std::vector<VocoderProfile> profiles;  // one per call (layers stage)
+  VocoderWorkspace ws;                   // kept across runs, as the acoustic stage keeps it across windows
 };
 
 std::shared_ptr<VocBench> vocoder_bench(const BenchContext& ctx) {
@@ -145,7 +146,9 @@ StageRun vocoder_run(const BenchContext& ctx, DType compute) {
   const ThreadPool& pool = ctx.pool();
   auto b = vocoder_bench(ctx);
   StageRun r;
-  r.run = [b, &pool, compute] { b->voc->decode(pool, b->lat.data(), kL, b->wave.data(), b->hop * kL, compute); };
+  r.run = [b, &pool, compute] {
+    b->voc->decode(pool, b->lat.data(), kL, b->wave.data(), b->hop * kL, compute, nullptr, &b->ws);
+  };
   r.flops = b->voc->flops(kL);
   r.info = vocoder_info(ctx, *b);
   r.info["compute"] = dtype_name(compute);
@@ -188,7 +191,9 @@ RegisterStage reg_vocoder{{
           const ThreadPool& pool = ctx.pool();
           auto b = vocoder_bench(ctx);
           StageRun r;
-          r.run = [b, &pool] { b->voc->decode(pool, b->lat.data(), kL, b->wave.data(), b->hop * kL, DType::F32); };
+          r.run = [b, &pool] {
+            b->voc->decode(pool, b->lat.data(), kL, b->wave.data(), b->hop * kL, DType::F32, nullptr, &b->ws);
+          };
           r.flops = b->voc->flops(kL);
           r.info = vocoder_info(ctx, *b);
           const double audio_s = b->audio_s;
@@ -206,7 +211,7 @@ StageRun vocoder_layers_run(const BenchContext& ctx, DType compute) {
   StageRun r;
   r.run = [b, &pool, compute] {
     b->profiles.emplace_back();
-    b->voc->decode(pool, b->lat.data(), kL, b->wave.data(), b->hop * kL, compute, &b->profiles.back());
+    b->voc->decode(pool, b->lat.data(), kL, b->wave.data(), b->hop * kL, compute, &b->profiles.back(), &b->ws);
   };
   r.flops = b->voc->flops(kL);
   r.info = vocoder_info(ctx, *b);

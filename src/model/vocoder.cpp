@@ -68,6 +68,28 @@ class Activations {
   float* p_ = nullptr;
 };
 
+}  // namespace
+
+struct VocoderWorkspace::Buffers {
+  int64_t cap = 0;
+  std::unique_ptr<Activations> x, t, u;
+  void ensure(int64_t n) {
+    if (n <= cap) return;
+    x.reset(), t.reset(), u.reset();  // free before allocating the larger ones
+    cap = 0;
+    x = std::make_unique<Activations>(n);
+    t = std::make_unique<Activations>(n);
+    u = std::make_unique<Activations>(n);
+    cap = n;
+  }
+};
+
+VocoderWorkspace::VocoderWorkspace() : b_(std::make_unique<Buffers>()) {}
+VocoderWorkspace::~VocoderWorkspace() = default;
+int64_t VocoderWorkspace::capacity() const { return b_->cap; }
+
+namespace {
+
 // Per-layer wall clock for VocoderProfile: the second stream revisits the first stream's entries in
 // the same order and adds to them. Without a profile it only runs the layer.
 class LayerClock {
@@ -212,7 +234,7 @@ const Vocoder::Weights& Vocoder::weights(DType compute) const {
 }
 
 void Vocoder::decode(const ThreadPool& pool, const float* latents, int64_t L, float* wave, int64_t ldw,
-                     DType compute, VocoderProfile* profile) const {
+                     DType compute, VocoderProfile* profile, VocoderWorkspace* ws) const {
   const Weights& w = weights(compute);
   const DType st = compute;
   const int64_t C = cfg_.latent_channels, half = C / 2;
@@ -227,7 +249,10 @@ void Vocoder::decode(const ThreadPool& pool, const float* latents, int64_t L, fl
       cap = std::max(cap, bl.up.out_channels() * len);
     }
   }
-  Activations x(cap), t(cap), u(cap);
+  VocoderWorkspace local;
+  VocoderWorkspace::Buffers& buf = *(ws ? ws : &local)->b_;
+  buf.ensure(cap);
+  Activations &x = *buf.x, &t = *buf.t, &u = *buf.u;
   LayerClock clk(profile);
 
   for (int64_t s = 0; s < 2; ++s) {

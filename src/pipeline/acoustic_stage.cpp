@@ -149,11 +149,13 @@ AcousticResult run_acoustic(const AcousticModels& m, const Tensor& frame_hiddens
     StageClock vclock;
     const int64_t hop = m.vocoder->hop();
     std::vector<Tensor> waves;
+    VocoderWorkspace vws;  // one set of activation buffers for every window
     for (int k = 0; k < n; ++k) {
       ctl.check_cancel();
       const int64_t L = res.windows[static_cast<size_t>(k)].latents;
       Tensor wv = Tensor::empty(DType::F32, {2, hop * L});
-      m.vocoder->decode(pool, res.latents[static_cast<size_t>(k)].data<float>(), L, wv.data<float>(), hop * L, st);
+      m.vocoder->decode(pool, res.latents[static_cast<size_t>(k)].data<float>(), L, wv.data<float>(), hop * L, st,
+                        nullptr, &vws);
       waves.push_back(std::move(wv));
       ctl.progress({"vocoder", k + 1, n, vclock.rate(k + 1), "windows", fmt::format("window {}/{}", k + 1, n)});
     }

@@ -14,7 +14,9 @@
 #include "model/checkpoint.h"
 #include "model/condition_encoder.h"
 #include "model/dit.h"
+#include "io/safetensors.h"
 #include "model/vocoder.h"
+#include "core_test_util.h"
 
 namespace mm3 {
 namespace {
@@ -220,6 +222,57 @@ TEST(AcousticGolden, VocoderAndConditionMatchAndRepeat) {
   Tensor c = ce.forward(pool, g.get("frame_hiddens"));
   EXPECT_EQ(c.shape(), (Shape{1, 516, ck.configs().cond.out_dim}));
   EXPECT_LT(rel_rms(c, g.get("condition")), 1e-5);
+}
+
+// A VocoderWorkspace reused across calls of different lengths and precisions gives the bits of a fresh
+// one. The golden vocoder's NaN conv_out.weight_g is replaced (in a temporary copy) so that waveforms are
+// finite and a stale or undersized buffer would show.
+TEST(AcousticGolden, VocoderWorkspaceReuseIsBitExact) {
+  REQUIRE_GOLDEN();
+  const fs::path src = golden() / "checkpoint" / "vocoder";
+  test::TempDir d;
+  fs::copy_file(src / "config.json", d.path() / "config.json");
+  {
+    const TensorStore f = TensorStore::open_dir(src.string());
+    std::vector<std::pair<std::string, Tensor>> ts;
+    for (const std::string& n : f.names()) {
+      Tensor t = f.get(n).clone();
+      if (n == "conv_out.weight_g") {
+        std::vector<float> ones(static_cast<size_t>(t.numel()), 1.0f);
+        t = Tensor::from_f32(ones, t.shape()).to(t.dtype());
+      }
+      ts.emplace_back(n, std::move(t));
+    }
+    write_safetensors(d.file("diffusion_pytorch_model.safetensors"), ts);
+  }
+  Checkpoint ck((golden() / "checkpoint").string());
+  Vocoder voc(TensorStore::open_dir(d.path().string()), ck.configs().vocoder);
+  ASSERT_TRUE(voc.nonfinite_tensors().empty());
+  ThreadPool pool(2);
+  const int64_t C = ck.configs().vocoder.latent_channels, hop = voc.hop();
+  auto latents = [&](int64_t L) {
+    std::vector<float> v(static_cast<size_t>(C * L));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.37f * float(i)) * 1.5f;
+    return v;
+  };
+  auto run = [&](int64_t L, DType dt, VocoderWorkspace* ws) {
+    const std::vector<float> lat = latents(L);
+    std::vector<float> w(static_cast<size_t>(2 * hop * L), -3.f);
+    voc.decode(pool, lat.data(), L, w.data(), hop * L, dt, nullptr, ws);
+    return w;
+  };
+  VocoderWorkspace ws;
+  for (DType dt : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const std::vector<float> r7 = run(7, dt, nullptr), r20 = run(600, dt, nullptr);  // 600: past one 2 MiB page
+    for (float v : r20) ASSERT_TRUE(std::isfinite(v));
+    EXPECT_EQ(run(7, dt, &ws), r7);   // first use (F32) / after a larger call (BF16)
+    EXPECT_EQ(run(600, dt, &ws), r20);  // the buffers grow
+    // ... to the largest activation: channels x length of the widest stage (hidden 32 at L, then each
+    // upsampler halves the channels and multiplies the length: 1024·L at L = 600 for the golden dims).
+    EXPECT_GE(ws.capacity(), 1024 * 600);
+    EXPECT_EQ(run(7, dt, &ws), r7);   // and serve a shorter call again
+  }
 }
 
 }  // namespace
