@@ -6,7 +6,14 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
+
+#include <immintrin.h>
+
+// GCC 12 flags its own intrinsic headers (_mm512_set1_epi16) as reading an uninitialised value.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 #include "bench_stages.h"
 #include "core/errors.h"
@@ -256,6 +263,96 @@ uint64_t sum_words(const uint64_t* p, int64_t n) {
   for (uint64_t x : a) s += x;
   return s;
 }
+
+// ---- compute peaks: the denominators of the README's compute limits ----
+// Each pool thread runs 12 independent accumulator chains (enough to hide the FMA latency on current
+// cores) of one instruction over register operands: no memory traffic, so the rate is the cores' issue
+// limit at the clock they hold under this load.
+constexpr int64_t kPeakIters = int64_t(1) << 25;
+
+__attribute__((target("avx512f"))) float peak_fma_avx512(int64_t iters) {
+  __m512 a[12];
+  for (auto& v : a) v = _mm512_setzero_ps();
+  const __m512 b = _mm512_set1_ps(1e-9f), c = _mm512_set1_ps(1.0f);
+  for (int64_t n = 0; n < iters; ++n)
+    for (auto& v : a) v = _mm512_fmadd_ps(b, c, v);
+  float s = 0;
+  for (auto& v : a) s += _mm512_reduce_add_ps(v);
+  return s;
+}
+
+__attribute__((target("avx2,fma"))) float peak_fma_avx2(int64_t iters) {
+  __m256 a[12];
+  for (auto& v : a) v = _mm256_setzero_ps();
+  const __m256 b = _mm256_set1_ps(1e-9f), c = _mm256_set1_ps(1.0f);
+  for (int64_t n = 0; n < iters; ++n)
+    for (auto& v : a) v = _mm256_fmadd_ps(b, c, v);
+  alignas(32) float o[8];
+  float s = 0;
+  for (auto& v : a) {
+    _mm256_store_ps(o, v);
+    for (float x : o) s += x;
+  }
+  return s;
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) float peak_dpbf16(int64_t iters) {
+  __m512 a[12];
+  for (auto& v : a) v = _mm512_setzero_ps();
+  const __m512bh b = (__m512bh)_mm512_set1_epi16(0x3f80), c = (__m512bh)_mm512_set1_epi16(0x3000);
+  for (int64_t n = 0; n < iters; ++n)
+    for (auto& v : a) v = _mm512_dpbf16_ps(v, b, c);
+  float s = 0;
+  for (auto& v : a) s += _mm512_reduce_add_ps(v);
+  return s;
+}
+
+StageRun peak_stage(const BenchContext& ctx, bool bf16) {
+  const ThreadPool& pool = ctx.pool();
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  const bool dp = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+                  __builtin_cpu_supports("avx512vl");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  std::string isa = bf16 ? (dp ? "avx512bf16 vdpbf16ps" : "none") : avx512 ? "avx512 vfmadd" : avx2 ? "avx2 vfmadd" : "none";
+  // flops per instruction: 2 per fp32 lane (fma) or 4 per lane (two bf16 products + adds)
+  const double per_instr = bf16 ? 64.0 : avx512 ? 32.0 : 16.0;
+  auto sink = std::make_shared<std::atomic<float>>(0.f);
+  StageRun r;
+  r.info = {{"isa", isa}, {"available", isa != "none"}, {"chains_per_thread", 12}};
+  if (isa == "none") {
+    r.run = [] {};
+    return r;
+  }
+  r.run = [&pool, bf16, avx512, sink] {
+    pool.parallel_for(
+        pool.size(),
+        [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) {
+            const float v = bf16 ? peak_dpbf16(kPeakIters) : avx512 ? peak_fma_avx512(kPeakIters) : peak_fma_avx2(kPeakIters);
+            sink->store(sink->load() + v);
+          }
+        },
+        1);
+  };
+  r.flops = per_instr * 12.0 * double(kPeakIters) * pool.size();
+  return r;
+}
+
+RegisterStage peak_f32{{
+    .name = "peak_f32_fma",
+    .description = "compute peak: every pool thread runs 12 independent fp32 FMA chains on registers (AVX-512, "
+                   "else AVX2); the fp32 limit the README divides FLOPs by",
+    .needs_model = false,
+    .setup = [](const BenchContext& ctx) { return peak_stage(ctx, false); },
+}};
+
+RegisterStage peak_bf16{{
+    .name = "peak_bf16_dot",
+    .description = "compute peak: every pool thread runs 12 independent vdpbf16ps chains (AVX512-BF16; 4 flops per "
+                   "lane); the bf16 limit without AMX. available=false and no number where the CPU lacks it",
+    .needs_model = false,
+    .setup = [](const BenchContext& ctx) { return peak_stage(ctx, true); },
+}};
 
 RegisterStage mem_bw{{
     .name = "mem_bandwidth",
