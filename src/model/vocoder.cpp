@@ -48,7 +48,8 @@ std::vector<float> rounded(std::vector<float> v) {
 // One decode's activation buffer, uninitialised (every stage writes its whole output before anything
 // reads it), 2 MiB aligned and advised to transparent huge pages. Fresh 4 KiB pages cost this kind of
 // VM microseconds each to fault in: three value-initialised 135 MB vectors (L = 689) took 1.4 s of a
-// ~9 s decode; with huge pages and no zeroing pass, ~0.05 s.
+// ~9 s decode. Huge pages still cost the kernel's zeroing on first touch (1.1 s of an 8 s bf16 decode
+// on Zen 4), hence VocoderWorkspace, which keeps the buffers from one decode to the next.
 class Activations {
  public:
   explicit Activations(int64_t n) {
