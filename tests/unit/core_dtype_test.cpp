@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -54,6 +55,34 @@ TEST(DType, Bf16ArrayConversionMatchesScalar) {
       f32_to_bf16(x.data() + off, y.data(), n);
       for (size_t i = 0; i < n; ++i) ASSERT_EQ(y[i], f32_to_bf16_bits(x[off + i])) << "n " << n << " i " << i;
       EXPECT_EQ(y[n], 0xABCD) << "wrote past n = " << n;
+    }
+}
+
+// Tensor::to's contiguous F32 <-> BF16 fast path (the array conversions) and its element loop (taken for
+// a strided view) give the same bits: a sweep of patterns including NaNs, both directions.
+TEST(Tensor, ContiguousBf16CastMatchesElementLoop) {
+  const int64_t R = 37, C = 29;
+  std::vector<float> x;
+  x.push_back(std::numeric_limits<float>::quiet_NaN());
+  x.push_back(-std::numeric_limits<float>::quiet_NaN());
+  for (uint32_t u = 0x00012345; x.size() < size_t(R * C); u += 0x00C1A37B) x.push_back(f32_from_bits(u));
+  const Tensor t = Tensor::from_f32(x, {R, C});
+  const Tensor fast = t.to(DType::BF16);                   // contiguous: f32_to_bf16
+  const Tensor slow = t.transpose(0, 1).to(DType::BF16);   // strided: element loop
+  ASSERT_TRUE(t.is_contiguous());
+  ASSERT_FALSE(t.transpose(0, 1).is_contiguous());
+  for (int64_t i = 0; i < R; ++i)
+    for (int64_t j = 0; j < C; ++j) {
+      const uint16_t a = fast.data<bf16_t>()[i * C + j].bits, b = slow.data<bf16_t>()[j * R + i].bits;
+      ASSERT_EQ(a, f32_to_bf16_bits(x[static_cast<size_t>(i * C + j)])) << i << "," << j;
+      ASSERT_EQ(a, b) << i << "," << j;
+    }
+  const Tensor back_fast = fast.to(DType::F32), back_slow = fast.transpose(0, 1).to(DType::F32);
+  for (int64_t i = 0; i < R; ++i)
+    for (int64_t j = 0; j < C; ++j) {
+      const float a = back_fast.data<float>()[i * C + j], b = back_slow.data<float>()[j * R + i];
+      ASSERT_EQ(std::memcmp(&a, &b, 4), 0) << i << "," << j;
+      ASSERT_EQ(f32_to_bf16_bits(a), fast.data<bf16_t>()[i * C + j].bits);
     }
 }
 
