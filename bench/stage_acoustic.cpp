@@ -3,8 +3,11 @@
 //   dit_forward_L689        DiT::forward, batch 1 (one CFG branch, the conditional one), F32 compute;
 //   dit_forward_L689_bf16   the same with BF16 compute (bf16 weight copies built in setup, untimed);
 //   dit_forward_L689_b2     batch 2, [condition | all-zero condition], as run_acoustic's Euler step runs it;
+//   dit_forward_L689_b2_bf16  the same with BF16 compute;
 //   vocoder_L689            Vocoder::decode of one 689-latent window (≈ 8 s of stereo 44.1 kHz audio), F32;
-//   vocoder_L689_layers     the same with the per-layer profile (seconds, flops, GFLOP/s of each layer).
+//   vocoder_L689_bf16       the same with the BF16 compute option (and its waveform against F32's);
+//   vocoder_L689_layers     the same with the per-layer profile (seconds, flops, GFLOP/s of each layer);
+//   vocoder_L689_bf16_layers  the profile of the BF16 option.
 // Inputs are deterministic random values (model/synth_checkpoint.h generator).
 #include <algorithm>
 #include <cmath>
@@ -94,6 +97,14 @@ RegisterStage reg_dit_bf16{{
                    "setup); bytes = BF16 weights once; flops = 2*params*tokens + attention",
     .needs_model = true,
     .setup = [](const BenchContext& ctx) { return dit_stage(ctx, 1, DType::BF16); },
+}};
+
+RegisterStage reg_dit_b2_bf16{{
+    .name = "dit_forward_L689_b2_bf16",
+    .description = "dit_forward_L689_b2 with BF16 compute (the Euler step of --acoustic-precision bf16); bytes = "
+                   "BF16 weights once; flops = both items",
+    .needs_model = true,
+    .setup = [](const BenchContext& ctx) { return dit_stage(ctx, 2, DType::BF16); },
 }};
 
 RegisterStage reg_dit_b2{{

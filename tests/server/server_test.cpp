@@ -880,6 +880,18 @@ TEST(Http, EventStreamsCannotTakeEveryThread) {
     const std::string req = "GET /v1/jobs/" + id + "/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
     ::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
     fds.push_back(fd);
+    // Wait until the server holds this stream (its first event, "retry:", arrived): on a loaded machine
+    // the third request below could otherwise take a slot first and wait for the job to end.
+    timeval tv{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    std::string got;
+    char buf[512];
+    while (got.find("retry:") == std::string::npos) {
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      got.append(buf, static_cast<size_t>(n));
+    }
+    ASSERT_NE(got.find("retry:"), std::string::npos) << "stream " << i << " did not start: " << got;
   }
   auto third = [&] {
     auto r = c.Get(("/v1/jobs/" + id + "/events").c_str(), [](const char*, size_t) { return true; });
