@@ -19,6 +19,7 @@
 #include "core/errors.h"
 #include "core/tensor.h"
 #include "kernels/kernels.h"
+#include "kernels/quant.h"
 #include "model/synth_checkpoint.h"
 
 namespace mm3::bench {
@@ -115,6 +116,55 @@ RegisterStage gemv_bf16_gateup{{
                    "(576 MB) so it streams from memory; bytes = weight bytes streamed",
     .needs_model = false,
     .setup = [](const BenchContext& ctx) { return linear_stage(ctx, 2, 24576, 4096, DType::BF16, DType::BF16, true); },
+}};
+
+// The quantized decode GEMV (kernels/quant.h) at the gate_proj shape: the weight quantized once in
+// setup, copied to span >= 512 MiB like the bf16 stages, so each call streams its blocks from memory.
+StageRun quant_gemv_stage(const BenchContext& ctx, int64_t M, int64_t N, int64_t K, kern::QuantType qt) {
+  const ThreadPool& pool = ctx.pool();
+  const Tensor w0 = random_tensor(pool, DType::BF16, {N, K}, 0.02f, 1);
+  const auto q0 = kern::quantize_weight(pool, w0, qt);
+  const double wbytes = double(q0->bytes());
+  const int copies = std::max(1, static_cast<int>(std::ceil(512.0 * (1 << 20) / wbytes)));
+  auto ws = std::make_shared<std::vector<kern::LinearWeight>>();
+  ws->emplace_back(q0);
+  for (int c = 1; c < copies; ++c) {
+    Tensor qs = Tensor::empty(q0->qs().dtype(), q0->qs().shape()), sc = Tensor::empty(q0->scales().dtype(), q0->scales().shape());
+    std::memcpy(qs.raw(), q0->qs().raw(), q0->qs().nbytes());
+    std::memcpy(sc.raw(), q0->scales().raw(), q0->scales().nbytes());
+    ws->emplace_back(std::make_shared<const kern::QuantMatrix>(qt, N, K, std::move(qs), std::move(sc)));
+  }
+  auto x = random_f32(pool, M * K, 1.f, 2);
+  round_to_store(x->data(), x->size(), DType::BF16);
+  auto y = std::make_shared<std::vector<float>>(static_cast<size_t>(M * N));
+  auto next = std::make_shared<size_t>(0);
+  StageRun r;
+  r.run = [&pool, ws, x, y, next, M, N, K] {
+    const kern::LinearWeight& w = (*ws)[(*next)++ % ws->size()];
+    kern::linear(pool, x->data(), M, K, w, y->data(), N, DType::BF16);
+  };
+  r.bytes = wbytes;
+  r.flops = 2.0 * M * N * K;
+  r.info = {{"M", M}, {"N", N}, {"K", K}, {"quant", kern::quant_name(qt)}, {"bytes_counts", "quantized weight (codes + scales)"},
+            {"weight_copies", copies}};
+  return r;
+}
+
+RegisterStage gemv_int8{{
+    .name = "gemv_int8_4096x12288_m2",
+    .description = "gemv_bf16_4096x12288_m2 with the weight in the int8 block format (kernels/quant.h; the "
+                   "activations quantized per block inside the op), cycling copies (>= 512 MB); bytes = int8 "
+                   "codes + scales streamed",
+    .needs_model = false,
+    .setup = [](const BenchContext& ctx) { return quant_gemv_stage(ctx, 2, 12288, 4096, kern::QuantType::Int8); },
+}};
+
+RegisterStage gemv_q4{{
+    .name = "gemv_q4_4096x12288_m2",
+    .description = "gemv_int8_4096x12288_m2 with the 4-bit block format; bytes = packed codes + scales + minima "
+                   "streamed",
+    .needs_model = false,
+    .setup = [](const BenchContext& ctx) { return quant_gemv_stage(ctx, 2, 12288, 4096, kern::QuantType::Q4); },
 }};
 
 RegisterStage gemm_bf16{{
