@@ -140,7 +140,9 @@ void rope_apply(float* x, int64_t S, int H, int head_dim, int64_t ld, const floa
 // rounded to bf16 before P·V (the sums stay fp32 over unrounded values);
 // output rounded to store. kv_span: the number of keys in the reference's call, which fixes where
 // its blocks' vector parts end (a prefill split into chunks passes the whole prompt's length);
-// 0 means Skv. It changes rounding only, never which keys are seen.
+// 0 means Skv. It changes rounding only, never which keys are seen. With store BF16, q, k and v are
+// taken to be bf16-valued (a bf16 computation's tensors): the bidirectional many-row path (the DiT)
+// rounds them to bf16 for VDPBF16PS pair dot products where the CPU has AVX512-BF16.
 void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* k, const void* v, int64_t ldkv,
                DType kv_dtype, float* out, int64_t ldo, int64_t Sq, int64_t Skv, int Hq, int Hkv, int D, float scale,
                bool causal, int64_t q_pos0, DType store, int64_t kv_span = 0);

@@ -354,6 +354,11 @@ void attention_item(const AttnItem& a, int64_t i0, int64_t nq, std::vector<float
 // 1e-5). Each task runs its GEMMs on one thread (nested parallel_for runs inline), so the result does
 // not depend on the thread count. attention_dit_L690 (32 heads x 64, 690 tokens, fp32): 64 ms a
 // layer by the direct path (61 GFLOP/s) -> 16.7 ms (235 GFLOP/s). DiT goldens: rel RMS 2e-7.
+// With store BF16 on a CPU with AVX512-BF16 both products take bf16 pair dots (VDPBF16PS, gemm_ex's
+// bf16 form) instead: q, k and v rounded to bf16 (exact for a bf16 computation's bf16-valued tensors),
+// K copied once per call to bf16 rows and V to a bf16 [Hkv·D, Skv] transpose (the product's n-major B),
+// the probabilities already bf16 (softmax_numerators rounds them for this store). Products of bf16
+// values are exact in fp32, so only the summation order (in pairs) differs from the fp32 GEMMs.
 constexpr int64_t kGemmQB = 128;
 constexpr int64_t kGemmMinRows = 64;  // below this the direct path is as fast (and takes tiny cases)
 
@@ -365,6 +370,31 @@ void attention_gemm(const ThreadPool& pool, const float* q, int64_t ldq, const f
   const int64_t nblk = (Skv + kRefKv - 1) / kRefKv;
   int64_t lds = (Skv + 15) / 16 * 16;
   if (lds % 1024 == 0) lds += 16;  // no 4 KiB-aliased rows
+  const bool bfdot = store == DType::BF16 && detail::cpu_has_avx512bf16();
+  const int64_t hd = int64_t(Hkv) * D;
+  int64_t ldvt = (Skv + 31) / 32 * 32;
+  if (ldvt % 2048 == 0) ldvt += 32;  // no 4 KiB-aliased rows
+  std::vector<uint16_t> kb(bfdot ? static_cast<size_t>(Skv * hd) : 0), vt(bfdot ? static_cast<size_t>(hd * ldvt) : 0);
+  if (bfdot) {
+    pool.parallel_for(
+        Skv, [&](int64_t j0, int64_t j1) {
+          for (int64_t j = j0; j < j1; ++j) f32_to_bf16(k + j * ldkv, kb.data() + j * hd, static_cast<size_t>(hd));
+        },
+        16);
+    // V^T in 32-key x 16-dim blocks (each block's reads and writes stay in a few cache lines).
+    const int64_t nkb = (Skv + 31) / 32;
+    pool.parallel_for(
+        nkb * ((hd + 15) / 16),
+        [&](int64_t t0, int64_t t1) {
+          for (int64_t t = t0; t < t1; ++t) {
+            const int64_t j0 = (t % nkb) * 32, c0 = (t / nkb) * 16;
+            const int64_t j1 = std::min(Skv, j0 + 32), c1 = std::min(hd, c0 + 16);
+            for (int64_t c = c0; c < c1; ++c)
+              for (int64_t j = j0; j < j1; ++j) vt[size_t(c * ldvt + j)] = f32_to_bf16_bits(v[j * ldkv + c]);
+          }
+        },
+        8);
+  }
   pool.parallel_for(
       int64_t(Hq) * nqb,
       [&](int64_t t0, int64_t t1) {
@@ -378,8 +408,12 @@ void attention_gemm(const ThreadPool& pool, const float* q, int64_t ldq, const f
           const float* qh = q + i0 * ldq + int64_t(h) * D;
           const float* kh = k + int64_t(hk) * D;
           const float* vh = v + int64_t(hk) * D;
-          detail::gemm_ex(pool, qh, ldq, 1, n, kh, DType::F32, ldkv, false, Skv, D, nullptr, S.data(), lds, DType::F32,
-                          false);
+          if (bfdot)
+            detail::gemm_ex(pool, qh, ldq, 1, n, kb.data() + int64_t(hk) * D, DType::BF16, hd, false, Skv, D, nullptr,
+                            S.data(), lds, DType::F32, true);
+          else
+            detail::gemm_ex(pool, qh, ldq, 1, n, kh, DType::F32, ldkv, false, Skv, D, nullptr, S.data(), lds,
+                            DType::F32, false);
           for (int64_t r = 0; r < n; ++r) {
             float* sr = S.data() + r * lds;
             for (int64_t j = 0; j < Skv; j += 16) {
@@ -391,8 +425,12 @@ void attention_gemm(const ThreadPool& pool, const float* q, int64_t ldq, const f
           for (int64_t b = 0; b < nblk; ++b) {
             const int64_t j0 = b * kRefKv, w = std::min(kRefKv, Skv - j0);
             float* dst = b == 0 ? O.data() : T.data();
-            detail::gemm_ex(pool, S.data() + j0, lds, 1, n, vh + j0 * ldkv, DType::F32, ldkv, true, D, w, nullptr, dst, D,
-                            DType::F32, false);
+            if (bfdot)
+              detail::gemm_ex(pool, S.data() + j0, lds, 1, n, vt.data() + int64_t(hk) * D * ldvt + j0, DType::BF16, ldvt,
+                              false, D, w, nullptr, dst, D, DType::F32, true);
+            else
+              detail::gemm_ex(pool, S.data() + j0, lds, 1, n, vh + j0 * ldkv, DType::F32, ldkv, true, D, w, nullptr,
+                              dst, D, DType::F32, false);
             if (b > 0)
               for (int64_t r = 0; r < n; ++r) {
                 const float al = alpha[size_t(r * nblk + b)];

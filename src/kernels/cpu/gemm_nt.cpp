@@ -208,13 +208,21 @@ void pack_f32(const void* B, DType bdt, int64_t ldb, bool kmajor, int64_t N, int
 void pack_bf16(const uint16_t* B, int64_t ldb, int64_t N, int64_t K, int64_t n0, int64_t nc, int64_t k0, int64_t kc,
                uint16_t* Bp) {
   const int64_t strips = (nc + kNR - 1) / kNR, kp = (kc + 1) / 2;
+  const int64_t kfull = std::min(kp, (K - k0) / 2);  // pairs with both halves inside K
   for (int64_t s = 0; s < strips; ++s) {
     uint16_t* dst = Bp + s * kp * 2 * kNR;
     for (int j = 0; j < kNR; ++j) {
       const int64_t n = n0 + s * kNR + j;
       const bool valid = n < N && s * kNR + j < nc;
       const uint16_t* row = B + n * ldb;
-      for (int64_t p = 0; p < kp; ++p)
+      int64_t p = 0;
+      if (valid)  // whole pairs as 32-bit words, no per-element tests (the packing was ~1/3 of the DiT attention)
+        for (const uint16_t* src = row + k0; p < kfull; ++p) {
+          uint32_t w;
+          std::memcpy(&w, src + 2 * p, 4);
+          std::memcpy(dst + (p * kNR + j) * 2, &w, 4);
+        }
+      for (; p < kp; ++p)
         for (int h = 0; h < 2; ++h) {
           const int64_t k = k0 + 2 * p + h;
           dst[(p * kNR + j) * 2 + h] = (valid && k < K) ? row[k] : uint16_t(0);
@@ -246,7 +254,10 @@ void gemm_ex(const ThreadPool& pool, const float* A, int64_t a_rs, int64_t a_cs,
         M,
         [&](int64_t m0, int64_t m1) {
           for (int64_t m = m0; m < m1; ++m)
-            for (int64_t k = 0; k < K; ++k) A16[size_t(m * Kp + k)] = f32_to_bf16_bits(A[m * a_rs + k * a_cs]);
+            if (a_cs == 1)
+              f32_to_bf16(A + m * a_rs, A16.data() + m * Kp, static_cast<size_t>(K));
+            else
+              for (int64_t k = 0; k < K; ++k) A16[size_t(m * Kp + k)] = f32_to_bf16_bits(A[m * a_rs + k * a_cs]);
         },
         std::max<int64_t>(1, 65536 / K));
   }
