@@ -167,6 +167,21 @@ RegisterStage gemv_q4{{
     .setup = [](const BenchContext& ctx) { return quant_gemv_stage(ctx, 2, 12288, 4096, kern::QuantType::Q4); },
 }};
 
+RegisterStage gemv_int8_down{{
+    .name = "gemv_int8_12288x4096_m2",
+    .description = "gemv_int8_4096x12288_m2 at the LM down_proj shape ([4096, 12288]: long rows, 2 x 12 KiB of "
+                   "quantized activations)",
+    .needs_model = false,
+    .setup = [](const BenchContext& ctx) { return quant_gemv_stage(ctx, 2, 4096, 12288, kern::QuantType::Int8); },
+}};
+
+RegisterStage gemv_q4_down{{
+    .name = "gemv_q4_12288x4096_m2",
+    .description = "gemv_q4_4096x12288_m2 at the LM down_proj shape ([4096, 12288])",
+    .needs_model = false,
+    .setup = [](const BenchContext& ctx) { return quant_gemv_stage(ctx, 2, 4096, 12288, kern::QuantType::Q4); },
+}};
+
 RegisterStage gemm_bf16{{
     .name = "gemm_bf16_689x2048x8192",
     .description = "kern::linear M=689 N=2048 K=8192, BF16 weight, BF16 store (DiT ff_out size in a bf16 "

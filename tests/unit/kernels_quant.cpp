@@ -225,9 +225,10 @@ TEST(KernelsQuant, GemvMatchesRefBothIsas) {
   for (QuantType t : kTypes)
     for (int64_t M : {1, 2, 3, 4})
       // K up to 5121: 1..11 superblocks, so the VNNI body's groups of J = 8 / 4 / 2 superblocks and
-      // its 2- and 1-superblock tails all run for every M.
+      // its 2- and 1-superblock tails all run for every M; K = 8200 (17 superblocks) takes the 4-rows-
+      // side-by-side body for M <= 2, N = 7 its one-row tail as well.
       for (const Size& s : {Size{1, 1}, Size{3, 31}, Size{29, 100}, Size{9, 513}, Size{33, 1037}, Size{6, 2048},
-                            Size{5, 3583}, Size{3, 4608}, Size{2, 5121}})
+                            Size{5, 3583}, Size{3, 4608}, Size{2, 5121}, Size{7, 8200}})
         for (DType store : {DType::F32, DType::BF16}) check_gemv(pool, t, M, s, store, (M + s.N) % 2 == 0, rng);
 }
 

@@ -400,76 +400,102 @@ MM3_Q_TARGET inline float lane_tree_v(__m512 acc) {
   return _mm_cvtss_f32(_mm_add_ss(t2, _mm_movehdup_ps(t2)));              // t2_0 + t2_1
 }
 
-// One row, superblocks [s0, s0 + J), M activation rows. The weight bytes are read in address order;
-// each superblock's M integer sums are their own chains (J·M of them), so a superblock's VPDPBUSDs need
-// not wait for the previous one's. (The earlier body kept one chain of 8 per (row, m) and 4 rows side by
-// side: slower on both counts, see gemv_vnni.) The integer sums are exact, so neither their order nor
+// NB rows (n-th pointers in qr / sc), superblocks [s0, s0 + J), M activation rows. Each row's bytes
+// are read in address order; each (row, superblock, m) integer sum is its own chain (NB·J·M of them),
+// so a superblock's VPDPBUSDs need not wait for the previous one's (one chain of 8 per (row, m), as
+// the first version had, was latency-bound on Zen 4, where zmm VPDPBUSD issues ~1.4 G/s a core). The integer sums are exact, so neither their order nor
 // their grouping changes a bit; the fp32 steps then run superblock by superblock in order (quant.h).
-template <int M, int J, bool I8>
-MM3_Q_TARGET inline void superblocks_vnni(const QuantActs& a, const uint8_t* qr, const uint16_t* sc, int64_t s0,
-                                          int64_t nblk, __m512 (&acc)[M]) {
+template <int M, int J, bool I8, int NB>
+MM3_Q_TARGET inline void superblocks_vnni(const QuantActs& a, const uint8_t* const (&qr)[NB],
+                                          const uint16_t* const (&sc)[NB], int64_t s0, int64_t nblk,
+                                          __m512 (&acc)[NB][M]) {
   const __m512i lo4 = _mm512_set1_epi8(0x0F);
-  __m512i isum[J][M];
-  for (int j = 0; j < J; ++j)
-    for (int m = 0; m < M; ++m)
-      isum[j][m] = I8 ? _mm512_loadu_si512(a.corr.data() + size_t(m * nblk + (s0 + j) * 16)) : _mm512_setzero_si512();
+  __m512i isum[NB][J][M];
+  for (int r = 0; r < NB; ++r)
+    for (int j = 0; j < J; ++j)
+      for (int m = 0; m < M; ++m)
+        isum[r][j][m] = I8 ? _mm512_loadu_si512(a.corr.data() + size_t(m * nblk + (s0 + j) * 16)) : _mm512_setzero_si512();
   const int8_t* xs = a.xq.data() + s0 * kQuantSuper;
   if constexpr (I8) {
-    const uint8_t* p = qr + s0 * kQuantSuper;
     for (int j = 0; j < J; ++j)
       for (int v = 0; v < 8; ++v) {
-        const __m512i wv = _mm512_loadu_si512(p + j * kQuantSuper + 64 * v);
-        for (int m = 0; m < M; ++m)
-          isum[j][m] = _mm512_dpbusd_epi32(isum[j][m], wv, _mm512_loadu_si512(xs + m * a.Kp + j * kQuantSuper + 64 * v));
+        __m512i xv[M];
+        for (int m = 0; m < M; ++m) xv[m] = _mm512_loadu_si512(xs + m * a.Kp + j * kQuantSuper + 64 * v);
+        for (int r = 0; r < NB; ++r) {
+          const __m512i wv = _mm512_loadu_si512(qr[r] + (s0 + j) * kQuantSuper + 64 * v);
+          for (int m = 0; m < M; ++m) isum[r][j][m] = _mm512_dpbusd_epi32(isum[r][j][m], wv, xv[m]);
+        }
       }
   } else {
-    const uint8_t* p = qr + s0 * (kQuantSuper / 2);
     for (int j = 0; j < J; ++j)
       for (int c = 0; c < 4; ++c) {  // chunk c holds unpacked vectors c (low nibbles) and c + 4 (high nibbles)
-        const __m512i b = _mm512_loadu_si512(p + j * (kQuantSuper / 2) + 64 * c);
-        const __m512i wl = _mm512_and_si512(b, lo4), wh = _mm512_and_si512(_mm512_srli_epi16(b, 4), lo4);
+        __m512i xl[M], xh[M];
         for (int m = 0; m < M; ++m) {
-          const int8_t* x = xs + m * a.Kp + j * kQuantSuper;
-          isum[j][m] = _mm512_dpbusd_epi32(isum[j][m], wl, _mm512_loadu_si512(x + 64 * c));
-          isum[j][m] = _mm512_dpbusd_epi32(isum[j][m], wh, _mm512_loadu_si512(x + 64 * (c + 4)));
+          xl[m] = _mm512_loadu_si512(xs + m * a.Kp + j * kQuantSuper + 64 * c);
+          xh[m] = _mm512_loadu_si512(xs + m * a.Kp + j * kQuantSuper + 64 * (c + 4));
+        }
+        for (int r = 0; r < NB; ++r) {
+          const __m512i b = _mm512_loadu_si512(qr[r] + (s0 + j) * (kQuantSuper / 2) + 64 * c);
+          const __m512i wl = _mm512_and_si512(b, lo4), wh = _mm512_and_si512(_mm512_srli_epi16(b, 4), lo4);
+          for (int m = 0; m < M; ++m) {
+            isum[r][j][m] = _mm512_dpbusd_epi32(isum[r][j][m], wl, xl[m]);
+            isum[r][j][m] = _mm512_dpbusd_epi32(isum[r][j][m], wh, xh[m]);
+          }
         }
       }
   }
-  for (int j = 0; j < J; ++j) {
-    const int64_t s = s0 + j;
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + (I8 ? 16 : 32) * s)));
-    __m512 mn = _mm512_setzero_ps();
-    if constexpr (!I8) mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 32 * s + 16)));
-    for (int m = 0; m < M; ++m) {
-      const size_t bi = size_t(m * nblk + s * 16);
-      const __m512 dd = _mm512_mul_ps(d, _mm512_loadu_ps(a.dx.data() + bi));
-      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j][m]), dd, acc[m]);
-      if constexpr (!I8) acc[m] = _mm512_fmadd_ps(mn, _mm512_loadu_ps(a.sxdx.data() + bi), acc[m]);
+  for (int r = 0; r < NB; ++r)
+    for (int j = 0; j < J; ++j) {
+      const int64_t s = s0 + j;
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[r] + (I8 ? 16 : 32) * s)));
+      __m512 mn = _mm512_setzero_ps();
+      if constexpr (!I8) mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[r] + 32 * s + 16)));
+      for (int m = 0; m < M; ++m) {
+        const size_t bi = size_t(m * nblk + s * 16);
+        const __m512 dd = _mm512_mul_ps(d, _mm512_loadu_ps(a.dx.data() + bi));
+        acc[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][j][m]), dd, acc[r][m]);
+        if constexpr (!I8) acc[r][m] = _mm512_fmadd_ps(mn, _mm512_loadu_ps(a.sxdx.data() + bi), acc[r][m]);
+      }
     }
+}
+
+// NB rows n..n+NB-1 over all superblocks, J at a time (J·M·NB = 6..8 independent sum chains).
+template <int M, bool I8, int NB>
+MM3_Q_TARGET inline void rows_vnni(const QuantActs& a, const QuantMatrix& w, int64_t n, const GemvOut& out) {
+  constexpr int J0 = M == 1 ? 8 : M == 2 ? 4 : 2, J = J0 / NB > 0 ? J0 / NB : 1;
+  const int64_t S = w.superblocks(), nblk = a.Kp / kQuantBlock;
+  const uint8_t* qr[NB];
+  const uint16_t* sc[NB];
+  __m512 acc[NB][M];
+  for (int r = 0; r < NB; ++r) {
+    qr[r] = w.qs_row(n + r), sc[r] = w.scales_row(n + r);
+    for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
   }
+  int64_t s = 0;
+  for (; s + J <= S; s += J) superblocks_vnni<M, J, I8, NB>(a, qr, sc, s, nblk, acc);
+  if constexpr (J > 2)
+    for (; s + 2 <= S; s += 2) superblocks_vnni<M, 2, I8, NB>(a, qr, sc, s, nblk, acc);
+  for (; s < S; ++s) superblocks_vnni<M, 1, I8, NB>(a, qr, sc, s, nblk, acc);
+  for (int r = 0; r < NB; ++r)
+    for (int m = 0; m < M; ++m) out.put(m, n + r, lane_tree_v(acc[r][m]));
 }
 
 // Rows [n0, n1) one after another, so each thread streams one contiguous range in address order.
-// Measured on Zen 4 (2 threads, [12288, 4096] weights cycled through 500 MB; pure loads without any
-// arithmetic): walking 4 rows side by side, 256 B of each in turn, reads 2 KiB q4 rows at ~16 GB/s,
-// one row after another at ~25 GB/s; interleaved offsets inside a 4 KiB page defeat the hardware
-// prefetcher (software prefetches did not recover it). The q4 GEMV went 2.0-2.4 -> 1.2 ms, int8
-// 2.2-2.4 -> 1.7 ms at that shape.
+// Measured on Zen 4 (2 threads, weights cycled through 500 MB): walking 4 rows side by side, 256 B of
+// each in turn, read 2 KiB q4 rows at ~16 GB/s in a pure-load experiment, one row after another at
+// ~25 GB/s (interleaved offsets inside a 4 KiB page defeat the hardware prefetcher; software prefetches
+// did not recover it): [12288, 4096] q4 2.0-2.4 -> 1.2 ms, int8 2.2-2.4 -> 1.7 ms. Long rows are the
+// exception (the LM's down projection, K = 12288): there the M rows of quantized activations (12 KiB
+// each) no longer stay in L1 beside the streamed weights, and 4 rows side by side, which load each
+// activation vector once for 4 weight rows, measured faster: [4096, 12288] q4 ~2.0 -> ~1.5 ms, int8
+// ~2.9 -> ~2.1 ms (2 rows: in between); at K = 6144 (the depth decoder's) one row at a time stays
+// faster (q4 0.70 vs 0.94 ms). With M > 2 the 4-row body would not fit the registers.
 template <int M, bool I8>
 MM3_Q_TARGET void gemv_vnni(const QuantActs& a, const QuantMatrix& w, int64_t n0, int64_t n1, const GemvOut& out) {
-  constexpr int J = M == 1 ? 8 : M == 2 ? 4 : 2;  // J·M = 6..8 independent chains
-  const int64_t S = w.superblocks(), nblk = a.Kp / kQuantBlock;
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* qr = w.qs_row(n);
-    const uint16_t* sc = w.scales_row(n);
-    __m512 acc[M];
-    for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
-    int64_t s = 0;
-    for (; s + J <= S; s += J) superblocks_vnni<M, J, I8>(a, qr, sc, s, nblk, acc);
-    for (; s + 2 <= S; s += 2) superblocks_vnni<M, 2, I8>(a, qr, sc, s, nblk, acc);
-    for (; s < S; ++s) superblocks_vnni<M, 1, I8>(a, qr, sc, s, nblk, acc);
-    for (int m = 0; m < M; ++m) out.put(m, n, lane_tree_v(acc[m]));
-  }
+  int64_t n = n0;
+  if (M <= 2 && w.padded_cols() >= 8192)
+    for (; n + 4 <= n1; n += 4) rows_vnni<M, I8, 4>(a, w, n, out);
+  for (; n < n1; ++n) rows_vnni<M, I8, 1>(a, w, n, out);
 }
 
 using GemvFn = void (*)(const QuantActs&, const QuantMatrix&, int64_t, int64_t, const GemvOut&);
