@@ -11,6 +11,9 @@ import sys, time, json, math, torch
 import torch.nn.functional as F
 torch.set_num_threads(2)
 torch.manual_seed(0)
+STAGES = ("dit_f32", "dit_bf16", "depth_bf16", "lm_step_bf16", "vocoder_f32", "vocoder_bf16")
+if len(sys.argv) < 2 or sys.argv[1] not in STAGES:
+    sys.exit("usage: torch_reference.py STAGE [RUNS]   (STAGE: " + ", ".join(STAGES) + "; see the header)")
 which = sys.argv[1]
 runs = int(sys.argv[2]) if len(sys.argv) > 2 else 3
 

@@ -11,7 +11,7 @@ void add_profile_flags(CLI::App& sub, ProfileArgs& a) {
                  "(measured: the DiT 1.8x faster on Zen 4, 2.9x with AMX; the vocoder 1.3-1.9x; needs AVX512-BF16; the "
                  "waveform moves ~3% RMS from f32's)");
   sub.add_option("--quant", a.quant,
-                 "LM + depth-decoder weights: bf16 (the reference), int8 or q4 (AR frames 1.5-1.7x / 2.0-2.3x faster, measured; "
+                 "LM + depth-decoder weights: bf16 (the reference), int8 or q4 (AR frames 1.5-1.9x / 2.0-3.0x faster, measured; "
                  "the same seed then samples a different song, see README 'Quantized LM + depth decoder'). Default: "
                  "the checkpoint's own (mm3-quant/default.json, written by `mm3 quantize`), else bf16. Without a "
                  "sidecar from `mm3 quantize` the weights are quantized at load");
