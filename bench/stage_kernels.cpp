@@ -129,7 +129,8 @@ StageRun quant_gemv_stage(const BenchContext& ctx, int64_t M, int64_t N, int64_t
   auto ws = std::make_shared<std::vector<kern::LinearWeight>>();
   ws->emplace_back(q0);
   for (int c = 1; c < copies; ++c) {
-    Tensor qs = Tensor::empty(q0->qs().dtype(), q0->qs().shape()), sc = Tensor::empty(q0->scales().dtype(), q0->scales().shape());
+    Tensor qs = Tensor::empty(q0->qs().dtype(), q0->qs().shape()),
+           sc = Tensor::empty(q0->scales().dtype(), q0->scales().shape());
     std::memcpy(qs.raw(), q0->qs().raw(), q0->qs().nbytes());
     std::memcpy(sc.raw(), q0->scales().raw(), q0->scales().nbytes());
     ws->emplace_back(std::make_shared<const kern::QuantMatrix>(qt, N, K, std::move(qs), std::move(sc)));
@@ -145,7 +146,11 @@ StageRun quant_gemv_stage(const BenchContext& ctx, int64_t M, int64_t N, int64_t
   };
   r.bytes = wbytes;
   r.flops = 2.0 * M * N * K;
-  r.info = {{"M", M}, {"N", N}, {"K", K}, {"quant", kern::quant_name(qt)}, {"bytes_counts", "quantized weight (codes + scales)"},
+  r.info = {{"M", M},
+            {"N", N},
+            {"K", K},
+            {"quant", kern::quant_name(qt)},
+            {"bytes_counts", "quantized weight (codes + scales)"},
             {"weight_copies", copies}};
   return r;
 }

@@ -377,7 +377,8 @@ void attention_gemm(const ThreadPool& pool, const float* q, int64_t ldq, const f
   std::vector<uint16_t> kb(bfdot ? static_cast<size_t>(Skv * hd) : 0), vt(bfdot ? static_cast<size_t>(hd * ldvt) : 0);
   if (bfdot) {
     pool.parallel_for(
-        Skv, [&](int64_t j0, int64_t j1) {
+        Skv,
+        [&](int64_t j0, int64_t j1) {
           for (int64_t j = j0; j < j1; ++j) f32_to_bf16(k + j * ldkv, kb.data() + j * hd, static_cast<size_t>(hd));
         },
         16);
@@ -426,8 +427,8 @@ void attention_gemm(const ThreadPool& pool, const float* q, int64_t ldq, const f
             const int64_t j0 = b * kRefKv, w = std::min(kRefKv, Skv - j0);
             float* dst = b == 0 ? O.data() : T.data();
             if (bfdot)
-              detail::gemm_ex(pool, S.data() + j0, lds, 1, n, vt.data() + int64_t(hk) * D * ldvt + j0, DType::BF16, ldvt,
-                              false, D, w, nullptr, dst, D, DType::F32, true);
+              detail::gemm_ex(pool, S.data() + j0, lds, 1, n, vt.data() + int64_t(hk) * D * ldvt + j0, DType::BF16,
+                              ldvt, false, D, w, nullptr, dst, D, DType::F32, true);
             else
               detail::gemm_ex(pool, S.data() + j0, lds, 1, n, vh + j0 * ldkv, DType::F32, ldkv, true, D, w, nullptr,
                               dst, D, DType::F32, false);

@@ -403,8 +403,9 @@ MM3_Q_TARGET inline float lane_tree_v(__m512 acc) {
 // NB rows (n-th pointers in qr / sc), superblocks [s0, s0 + J), M activation rows. Each row's bytes
 // are read in address order; each (row, superblock, m) integer sum is its own chain (NB·J·M of them),
 // so a superblock's VPDPBUSDs need not wait for the previous one's (one chain of 8 per (row, m), as
-// the first version had, was latency-bound on Zen 4, where zmm VPDPBUSD issues ~1.4 G/s a core). The integer sums are exact, so neither their order nor
-// their grouping changes a bit; the fp32 steps then run superblock by superblock in order (quant.h).
+// the first version had, was latency-bound on Zen 4, where zmm VPDPBUSD issues ~1.4 G/s a core). The
+// integer sums are exact, so neither their order nor their grouping changes a bit; the fp32 steps
+// then run superblock by superblock in order (quant.h).
 template <int M, int J, bool I8, int NB>
 MM3_Q_TARGET inline void superblocks_vnni(const QuantActs& a, const uint8_t* const (&qr)[NB],
                                           const uint16_t* const (&sc)[NB], int64_t s0, int64_t nblk,
@@ -414,7 +415,8 @@ MM3_Q_TARGET inline void superblocks_vnni(const QuantActs& a, const uint8_t* con
   for (int r = 0; r < NB; ++r)
     for (int j = 0; j < J; ++j)
       for (int m = 0; m < M; ++m)
-        isum[r][j][m] = I8 ? _mm512_loadu_si512(a.corr.data() + size_t(m * nblk + (s0 + j) * 16)) : _mm512_setzero_si512();
+        isum[r][j][m] =
+            I8 ? _mm512_loadu_si512(a.corr.data() + size_t(m * nblk + (s0 + j) * 16)) : _mm512_setzero_si512();
   const int8_t* xs = a.xq.data() + s0 * kQuantSuper;
   if constexpr (I8) {
     for (int j = 0; j < J; ++j)
@@ -449,7 +451,8 @@ MM3_Q_TARGET inline void superblocks_vnni(const QuantActs& a, const uint8_t* con
       const int64_t s = s0 + j;
       const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[r] + (I8 ? 16 : 32) * s)));
       __m512 mn = _mm512_setzero_ps();
-      if constexpr (!I8) mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[r] + 32 * s + 16)));
+      if constexpr (!I8)
+        mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[r] + 32 * s + 16)));
       for (int m = 0; m < M; ++m) {
         const size_t bi = size_t(m * nblk + s * 16);
         const __m512 dd = _mm512_mul_ps(d, _mm512_loadu_ps(a.dx.data() + bi));
