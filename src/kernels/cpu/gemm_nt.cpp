@@ -38,7 +38,7 @@ struct TileArgs {
 
 // ---- fp32 FMA tile, AVX-512 ----
 
-__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 round_bf16_512(__m512 v) {
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) inline __m512 round_bf16_512(__m512 v) {
   __m512i u = _mm512_castps_si512(v);
   __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
   __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
@@ -48,7 +48,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 round_bf16_51
 }
 
 template <int R>
-__attribute__((target("avx512f,avx512bw,avx512vl"))) inline void tile_store_512(__m512 (&c0)[R], __m512 (&c1)[R],
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) inline void tile_store_512(__m512 (&c0)[R], __m512 (&c1)[R],
                                                                                const TileArgs& t) {
   const int n0 = std::min(t.nr, 16), n1 = std::max(t.nr - 16, 0);
   const __mmask16 m0 = n0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n0) - 1u);
@@ -68,7 +68,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline void tile_store_512(
 }
 
 template <int R>
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void tile_f32_avx512(const float* A, int64_t a_rs, int64_t a_cs,
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) void tile_f32_avx512(const float* A, int64_t a_rs, int64_t a_cs,
                                                                           const float* Bp, const TileArgs& t) {
   __m512 c0[R], c1[R];
   if (t.first) {
@@ -96,7 +96,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void tile_f32_avx512(const 
 // ---- bf16 pair-dot tile, AVX512-BF16. A16 rows are bf16 bits (zero-padded to even K). ----
 
 template <int R>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void tile_bf16_avx512(const uint16_t* A16,
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16"))) void tile_bf16_avx512(const uint16_t* A16,
                                                                                      int64_t lda16,
                                                                                      const uint16_t* Bp,
                                                                                      const TileArgs& t) {

@@ -32,12 +32,13 @@ namespace detail {
 
 bool cpu_has_avx512bf16() {
   static const bool v = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+                        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+                        __builtin_cpu_supports("avx512bf16");
   return v;
 }
 bool cpu_has_avx512() {
   static const bool v = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                        __builtin_cpu_supports("avx512vl");
+                        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
   return v;
 }
 bool cpu_has_amx_bf16() {
@@ -74,7 +75,7 @@ constexpr int kGemvNB = 4;
 constexpr int gemv_chains(int M) { return M <= 2 ? 2 : 1; }
 
 template <int M, int NB, bool WB>
-__attribute__((target("avx512f,avx512bw,avx512vl"))) inline void gemv_rows_avx512(const float* x, int64_t ldx,
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) inline void gemv_rows_avx512(const float* x, int64_t ldx,
                                                                                   const void* wp, int64_t K,
                                                                                   int64_t n, float* sums, int64_t N) {
   constexpr int C = gemv_chains(M);
@@ -129,7 +130,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline void gemv_rows_avx51
 }
 
 template <int M, bool WB>
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void gemv_avx512(const float* x, int64_t ldx, const void* wp,
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) void gemv_avx512(const float* x, int64_t ldx, const void* wp,
                                                                       int64_t K, int64_t n0, int64_t n1,
                                                                       float* sums, int64_t N) {
   int64_t n = n0;
@@ -141,7 +142,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void gemv_avx512(const floa
 // Products of bf16 values are exact in fp32, so this is an fp32-accumulated dot product like the
 // others, only with a different (fixed) summation order. Blocks are 32 bf16 (16 pairs).
 template <int M, int NB>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline void gemv_rows_bf16(const uint16_t* xb,
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16"))) inline void gemv_rows_bf16(const uint16_t* xb,
                                                                                            int64_t Kp,
                                                                                            const uint16_t* w,
                                                                                            int64_t K, int64_t n,
@@ -190,7 +191,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline void gemv
 }
 
 template <int M>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void gemv_avx512bf16(const uint16_t* xb, int64_t Kp,
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16"))) void gemv_avx512bf16(const uint16_t* xb, int64_t Kp,
                                                                                      const uint16_t* w, int64_t K,
                                                                                      int64_t n0, int64_t n1,
                                                                                      float* sums, int64_t N) {

@@ -230,7 +230,7 @@ namespace {
 // as the scalar loop in dequantize_rows (Int8: d · (q − 128); Q4: d · q, then + m), so the same bits.
 // Word (v, l) of the unpacked superblock holds elements 4v..4v+3 of block l; block l's 32 codes in
 // element order are the words (0, l), (1, l), ..., (7, l): one 8-word gather from the unpacked copy.
-__attribute__((target("avx512f,avx512bw,avx512vl,f16c"))) void dequantize_superblock_avx512(
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,f16c"))) void dequantize_superblock_avx512(
     const QuantMatrix& q, int64_t n, int64_t s, float* o) {
   alignas(64) uint32_t u[128];  // [v][l]
   const uint16_t* sc = q.scales_row(n);
@@ -345,7 +345,7 @@ namespace {
 
 // quantize_acts with AVX-512: the same operations lane for lane (|x| max, the two fp32 divisions, the
 // product, round-half-even conversion, clamp, integer sum), so the same bytes as the scalar loop.
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void quantize_acts_avx512(const float* x, int64_t M,
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) void quantize_acts_avx512(const float* x, int64_t M,
                                                                                int64_t ldx, int64_t K, QuantActs& a) {
   const int64_t Kp = a.Kp, nblk = Kp / kQuantBlock;
   const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
@@ -436,7 +436,7 @@ void gemv_scalar(const QuantActs& a, const QuantMatrix& w, int64_t n0, int64_t n
 
 // ---- AVX512-VNNI path ----
 
-#define MM3_Q_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c")))
+#define MM3_Q_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,f16c")))
 
 MM3_Q_TARGET inline float lane_tree_v(__m512 acc) {
   const __m256 t8 = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
