@@ -44,8 +44,8 @@
 //   Int8: acc_l = fma(float(isum), d · dx, acc_l)
 //   Q4:   acc_l = fma(float(isum), d · dx, acc_l); acc_l = fma(m, dx · float(sx), acc_l)
 // then a fixed tree over the 16 lanes: t8_i = acc_i + acc_{i+8}; t4_i = t8_i + t8_{i+4};
-// t2_i = t4_i + t4_{i+2}; r = t2_0 + t2_1; y = round_store(r + bias[n]). The AVX512-VNNI path and the
-// portable scalar path perform exactly these operations, so they give the same bits, independent of
+// t2_i = t4_i + t4_{i+2}; r = t2_0 + t2_1; y = round_store(r + bias[n]). The AVX512-VNNI path, the AVX2
+// path and the portable scalar path perform exactly these operations, so they give the same bits, independent of
 // the thread count (threads split output rows; each output is computed by one thread).
 //
 // ---- Prefill product (M > 4) ---------------------------------------------------------------------
@@ -134,7 +134,7 @@ struct QuantActs {
 // scalar: the portable loop even where AVX-512 is available (both give the same bytes).
 void quantize_acts(const float* x, int64_t M, int64_t ldx, int64_t K, QuantActs& a, bool scalar = false);
 
-enum class QuantIsa { Auto, Scalar, Avx512Vnni };
+enum class QuantIsa { Auto, Scalar, Avx512Vnni, Avx2 };
 bool quant_isa_available(QuantIsa isa);
 
 // y[m, n] = the decode product above, for m < M <= 4. `isa` forces a path (tests); Auto picks the best.

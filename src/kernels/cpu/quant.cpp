@@ -1,5 +1,5 @@
 // quant.cpp — the quantized weight formats of kernels/quant.h: the quantizer, dequantization, the
-// decode GEMV (AVX512-VNNI and a portable scalar path doing the very same operations) and the
+// decode GEMV (AVX512-VNNI, AVX2 and a portable scalar path doing the very same operations) and the
 // prefill path (dequantized panels through the blocked GEMM of gemm_nt.h).
 //
 // Why VPDPBUSD rather than dequantizing to fp32: with the lane = block layout one instruction does 64
@@ -563,6 +563,103 @@ bool cpu_has_vnni() {
   return v;
 }
 
+// ---- AVX2 path (CPUs without AVX512-VNNI: Zen 2/3, Haswell..Comet Lake) ----
+// AVX2 has no exact u8 x s8 dot: VPMADDUBSW adds two u8 x s8 products into a *saturating* int16, and
+// (q + 128) · xq reaches 2 · 255 · 127 per pair. So the Int8 body works on q itself: the stored byte
+// XOR 0x80 is q as an int8 (-127..127), and |q| (as u8) times xq carrying q's sign (VPSIGNB) is q · xq;
+// a pair is at most 2 · 127 · 127 = 32258 < 2^15, so VPMADDUBSW is exact, and VPMADDWD with ones adds
+// the pairs into the 32-bit lane of their 4 elements, i.e. of their block (the qs layout of quant.h).
+// The block sum is then Σ q · xq directly, the very integer the scalar path reaches as
+// Σ (q + 128) · xq − 128 · sx. Q4 codes are 0..15: a pair is at most 2 · 15 · 127 = 3810, so all 8
+// unpacked vectors of a superblock add in int16 (≤ 30480) and one VPMADDWD per superblock widens them.
+// Integer sums are exact; the fp32 steps are the scalar path's, in its order (lanes 0..7 in one ymm,
+// 8..15 in the other), so the bits are the same.
+#define MM3_Q2_TARGET __attribute__((target("avx2,fma,f16c")))
+
+MM3_Q2_TARGET inline float lane_tree_v2(__m256 lo, __m256 hi) {
+  const __m256 t8 = _mm256_add_ps(lo, hi);                                // t8_i = acc_i + acc_{i+8}
+  const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
+  const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+  return _mm_cvtss_f32(_mm_add_ss(t2, _mm_movehdup_ps(t2)));
+}
+
+MM3_Q2_TARGET inline __m256i ld256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+// Rows [n0, n1) one after another (each thread streams its range in address order, as gemv_vnni).
+template <int M, bool I8>
+MM3_Q2_TARGET void gemv_avx2(const QuantActs& a, const QuantMatrix& w, int64_t n0, int64_t n1, const GemvOut& out) {
+  const int64_t S = w.superblocks(), nblk = a.Kp / kQuantBlock;
+  const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(char(0x80)), lo4 = _mm256_set1_epi8(0x0F);
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* qr = w.qs_row(n);
+    const uint16_t* sc = w.scales_row(n);
+    __m256 acc[M][2];
+    for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+    for (int64_t s = 0; s < S; ++s) {
+      const int8_t* xs = a.xq.data() + s * kQuantSuper;
+      __m256i isum[M][2];
+      if constexpr (I8) {
+        for (int m = 0; m < M; ++m) isum[m][0] = isum[m][1] = _mm256_setzero_si256();
+        const uint8_t* ws = qr + s * kQuantSuper;
+        for (int v = 0; v < 8; ++v)
+          for (int h = 0; h < 2; ++h) {
+            const __m256i q = _mm256_xor_si256(ld256(ws + 64 * v + 32 * h), flip);
+            const __m256i aq = _mm256_abs_epi8(q);
+            for (int m = 0; m < M; ++m) {
+              const __m256i xv = ld256(xs + m * a.Kp + 64 * v + 32 * h);
+              const __m256i p = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(xv, q));
+              isum[m][h] = _mm256_add_epi32(isum[m][h], _mm256_madd_epi16(p, ones));
+            }
+          }
+      } else {
+        __m256i s16[M][2];
+        for (int m = 0; m < M; ++m) s16[m][0] = s16[m][1] = _mm256_setzero_si256();
+        const uint8_t* ws = qr + s * (kQuantSuper / 2);
+        for (int c = 0; c < 4; ++c)  // chunk c: unpacked vectors c (low nibbles) and c + 4 (high nibbles)
+          for (int h = 0; h < 2; ++h) {
+            const __m256i b = ld256(ws + 64 * c + 32 * h);
+            const __m256i wl = _mm256_and_si256(b, lo4), wh = _mm256_and_si256(_mm256_srli_epi16(b, 4), lo4);
+            for (int m = 0; m < M; ++m) {
+              const __m256i pl = _mm256_maddubs_epi16(wl, ld256(xs + m * a.Kp + 64 * c + 32 * h));
+              const __m256i ph = _mm256_maddubs_epi16(wh, ld256(xs + m * a.Kp + 64 * (c + 4) + 32 * h));
+              s16[m][h] = _mm256_add_epi16(s16[m][h], _mm256_add_epi16(pl, ph));
+            }
+          }
+        for (int m = 0; m < M; ++m)
+          for (int h = 0; h < 2; ++h) isum[m][h] = _mm256_madd_epi16(s16[m][h], ones);
+      }
+      for (int h = 0; h < 2; ++h) {
+        const uint16_t* sd = sc + (I8 ? 16 : 32) * s + 8 * h;
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sd)));
+        __m256 mn = _mm256_setzero_ps();
+        if constexpr (!I8) mn = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sd + 16)));
+        for (int m = 0; m < M; ++m) {
+          const size_t bi = size_t(m * nblk + s * 16 + 8 * h);
+          const __m256 dd = _mm256_mul_ps(d, _mm256_loadu_ps(a.dx.data() + bi));
+          acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[m][h]), dd, acc[m][h]);
+          if constexpr (!I8) acc[m][h] = _mm256_fmadd_ps(mn, _mm256_loadu_ps(a.sxdx.data() + bi), acc[m][h]);
+        }
+      }
+    }
+    for (int m = 0; m < M; ++m) out.put(m, n, lane_tree_v2(acc[m][0], acc[m][1]));
+  }
+}
+
+template <bool I8>
+GemvFn pick_avx2(int64_t M) {
+  switch (M) {
+    case 1: return gemv_avx2<1, I8>;
+    case 2: return gemv_avx2<2, I8>;
+    case 3: return gemv_avx2<3, I8>;
+    default: return gemv_avx2<4, I8>;
+  }
+}
+
+bool cpu_has_quant_avx2() {
+  static const bool v = cpu_has_avx2_fma() && __builtin_cpu_supports("f16c");
+  return v;
+}
+
 }  // namespace
 
 bool quant_isa_available(QuantIsa isa) {
@@ -570,6 +667,7 @@ bool quant_isa_available(QuantIsa isa) {
     case QuantIsa::Auto:
     case QuantIsa::Scalar: return true;
     case QuantIsa::Avx512Vnni: return cpu_has_vnni();
+    case QuantIsa::Avx2: return cpu_has_quant_avx2();
   }
   return false;
 }
@@ -578,7 +676,8 @@ void quant_gemv(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, 
                 const float* bias, float* y, int64_t ldy, DType store, QuantIsa isa) {
   const int64_t N = w.rows(), K = w.cols();
   MM3_CHECK(M >= 1 && M <= 4 && ldx >= K && ldy >= N, "quant_gemv: M={} ldx={} ldy={} for [{}, {}]", M, ldx, ldy, N, K);
-  if (isa == QuantIsa::Auto) isa = cpu_has_vnni() ? QuantIsa::Avx512Vnni : QuantIsa::Scalar;
+  if (isa == QuantIsa::Auto)
+    isa = cpu_has_vnni() ? QuantIsa::Avx512Vnni : cpu_has_quant_avx2() ? QuantIsa::Avx2 : QuantIsa::Scalar;
   MM3_CHECK(quant_isa_available(isa), "quant_gemv: the requested ISA is not available on this CPU");
   // Reused per calling thread (no allocation per call). A local reference, so that the workers'
   // chunks read the caller's buffers and not their own thread_local instances.
@@ -587,7 +686,9 @@ void quant_gemv(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, 
   quantize_acts(x, M, ldx, K, a, isa == QuantIsa::Scalar);
   const GemvOut out{y, ldy, bias, store};
   const bool i8 = w.type() == QuantType::Int8;
-  GemvFn fn = isa == QuantIsa::Scalar ? gemv_scalar : (i8 ? pick_vnni<true>(M) : pick_vnni<false>(M));
+  GemvFn fn = isa == QuantIsa::Scalar ? gemv_scalar
+              : isa == QuantIsa::Avx2 ? (i8 ? pick_avx2<true>(M) : pick_avx2<false>(M))
+                                      : (i8 ? pick_vnni<true>(M) : pick_vnni<false>(M));
   const int64_t row_bytes = w.row_qs_bytes() + 2 * w.row_scales();
   const int64_t min_rows = std::max<int64_t>(1, (64 * 1024) / row_bytes);
   pool.parallel_for(
