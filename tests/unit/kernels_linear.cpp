@@ -163,6 +163,43 @@ TEST(KernelsLinear, DeterministicAndThreadCountIndependent) {
       }
 }
 
+// The GEMM path (M > 4) with fp32 products (F32 weights, or BF16 weights with an F32 store) keeps every
+// output ONE sequential fp32 FMA chain over k = 0..K-1 (gemm_nt.h), whatever the ISA (AVX-512, AVX2,
+// portable), the blocking (K blocks of 256, 8-row x 32-column tiles, AVX2 sub-tiles of 4 x 16) or
+// the thread count: bitwise equal to that chain computed here. Magnitudes spread over 2^-12..2^12 so
+// that another summation order (two accumulators, a K block folded differently) changes bits.
+TEST(KernelsLinear, GemmIsOneSequentialFmaChain) {
+  ThreadPool pool(2);
+  Rng rng(31);
+  for (auto [M, K, N] : {std::tuple<int64_t, int64_t, int64_t>{5, 1, 3}, {8, 255, 33}, {9, 256, 31}, {13, 257, 64},
+                         {37, 700, 130}, {6, 513, 17}})
+    for (DType wdt : {DType::F32, DType::BF16})
+      for (DType store : {DType::F32, DType::BF16}) {
+        if (wdt == DType::BF16 && store == DType::BF16) continue;  // bf16 pair dots where the CPU has them
+        for (bool with_bias : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << "M=" << M << " K=" << K << " N=" << N << " w=" << dtype_name(wdt)
+                                            << " store=" << test::store_name(store) << " bias=" << with_bias);
+          const kern::LinearWeight w = make_weight(rng, N, K, wdt, with_bias, DType::F32);
+          const int64_t ldx = K + 1, ldy = N + 2;
+          std::vector<float> x = rng.vec(static_cast<size_t>(M * ldx), -1.f, 1.f);
+          for (auto& v : x) v = std::ldexp(v, static_cast<int>(rng.int_in(-12, 12)));
+          Guarded y(M, N, ldy);
+          kern::linear(pool, x.data(), M, ldx, w, y.data(), ldy, store);
+          EXPECT_EQ(y.touched_outside(), 0);
+          const float* bias = w.bias_f32();
+          int64_t diffs = 0;
+          for (int64_t m = 0; m < M; ++m)
+            for (int64_t n = 0; n < N; ++n) {
+              float acc = 0.f;
+              for (int64_t k = 0; k < K; ++k) acc = std::fma(x[size_t(m * ldx + k)], weight_value(w, n * K + k), acc);
+              const float want = round_store(bias ? acc + bias[n] : acc, store);
+              diffs += std::memcmp(&want, y.data() + m * ldy + n, 4) != 0;
+            }
+          EXPECT_EQ(diffs, 0);
+        }
+      }
+}
+
 TEST(KernelsLinear, RejectsBadLeadingDims) {
   ThreadPool pool(1);
   Rng rng(5);

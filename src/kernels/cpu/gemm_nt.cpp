@@ -24,6 +24,7 @@ namespace {
 constexpr int kMR = 8;     // rows per register tile
 constexpr int kNR = 32;    // columns per register tile (two zmm)
 constexpr int kKC = 256;   // k per packed block (even: bf16 pairs never straddle blocks)
+constexpr int kKC2 = 128;  // the AVX2 tiles' block: a 32-column strip of it (16 KiB) stays in a 32 KiB L1
 constexpr int kNC = 128;   // columns per packed panel (4 strips; 128 KiB of f32 at KC = 256)
 
 struct TileArgs {
@@ -149,6 +150,135 @@ void tile_f32_generic(const float* A, int64_t a_rs, int64_t a_cs, const float* B
     }
 }
 
+// ---- fp32 FMA tile, AVX2 (CPUs without AVX-512) ----
+// 16 ymm registers do not hold an 8 x 32 tile, so the tile is walked in sub-tiles of RS rows x W ymm
+// columns with 8..12 accumulators (enough independent FMA chains for 2 FMA pipes of latency 4-5),
+// the shape of the classic 6 x 16 AVX2 kernels where it fits: 8 rows = two 6 x 16 sub-tiles + one
+// 2 x 32. Each output is still the same single sequential FMA chain over k, so the bits equal the
+// other tiles'.
+
+#define MM3_GEMM_AVX2 __attribute__((target("avx2,fma")))
+
+MM3_GEMM_AVX2 inline __m256 round_bf16_256(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
+  r = _mm256_and_si256(r, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u)));
+  const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+  return _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)), nan);
+}
+
+// Lane mask of the first n (clamped to 0..8) of 8 floats, for VMASKMOVPS.
+MM3_GEMM_AVX2 inline __m256i lanes8(int n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// Bias, rounding (last K block) and the masked store of RS rows of one 8-column vector at C (tile
+// column c, nv valid columns from there).
+template <int RS>
+MM3_GEMM_AVX2 inline __attribute__((always_inline)) void finish_cols_avx2(__m256 (&x)[RS], float* C, const TileArgs& t,
+                                                                          int c, int nv) {
+  const __m256i msk = lanes8(nv);
+  if (t.last) {
+    if (t.bias) {
+      const __m256 bb = _mm256_maskload_ps(t.bias + c, msk);
+#pragma GCC unroll 8
+      for (int r = 0; r < RS; ++r) x[r] = _mm256_add_ps(x[r], bb);
+    }
+    if (t.store == DType::BF16) {
+#pragma GCC unroll 8
+      for (int r = 0; r < RS; ++r) x[r] = round_bf16_256(x[r]);
+    }
+  }
+  if (nv >= 8) {  // VMASKMOVPS stores are microcoded on AMD (~10x a plain store): only for a tail
+#pragma GCC unroll 8
+    for (int r = 0; r < RS; ++r) _mm256_storeu_ps(C + r * t.ldc, x[r]);
+  } else {
+#pragma GCC unroll 8
+    for (int r = 0; r < RS; ++r) _mm256_maskstore_ps(C + r * t.ldc, msk, x[r]);
+  }
+}
+
+// The partial sums of RS rows of one 8-column vector at C (nv valid columns), as finish_cols_avx2
+// stored them.
+template <int RS>
+MM3_GEMM_AVX2 inline __attribute__((always_inline)) void load_cols_avx2(__m256 (&x)[RS], const float* C, int64_t ldc,
+                                                                        int nv) {
+  if (nv >= 8) {
+#pragma GCC unroll 8
+    for (int r = 0; r < RS; ++r) x[r] = _mm256_loadu_ps(C + r * ldc);
+  } else {
+    const __m256i msk = lanes8(nv);
+#pragma GCC unroll 8
+    for (int r = 0; r < RS; ++r) x[r] = _mm256_maskload_ps(C + r * ldc, msk);
+  }
+}
+
+// Rows [0, RS) of the tile at A / C, columns [c0, c0 + 8W) of the 32-column strip (W = 2 or 4). One
+// named accumulator array per column vector, every loop over rows unrolled and no pointer to them
+// taken: otherwise GCC kept the accumulators in registers but also stored them to the stack on every
+// k (perf annotate), which halved the rate.
+template <int RS, int W>
+MM3_GEMM_AVX2 inline void subtile_f32_avx2(const float* A, int64_t a_rs, int64_t a_cs, const float* Bp, float* C,
+                                          const TileArgs& t, int c0) {
+  static_assert(W == 2 || W == 4);
+  const int nv = t.nr - c0;
+  if (nv <= 0) return;
+  const int64_t kc = t.kc, ldc = t.ldc;
+  __m256 x0[RS], x1[RS], x2[RS], x3[RS];
+  if (t.first) {
+#pragma GCC unroll 8
+    for (int r = 0; r < RS; ++r) x0[r] = x1[r] = x2[r] = x3[r] = _mm256_setzero_ps();
+  } else {
+    load_cols_avx2<RS>(x0, C + c0, ldc, nv);
+    load_cols_avx2<RS>(x1, C + c0 + 8, ldc, nv - 8);
+    if constexpr (W == 4) {
+      load_cols_avx2<RS>(x2, C + c0 + 16, ldc, nv - 16);
+      load_cols_avx2<RS>(x3, C + c0 + 24, ldc, nv - 24);
+    }
+  }
+  const float* b = Bp + c0;
+  for (int64_t k = 0; k < kc; ++k, b += kNR) {
+    const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+    if constexpr (W == 4) {
+      const __m256 b2 = _mm256_loadu_ps(b + 16), b3 = _mm256_loadu_ps(b + 24);
+#pragma GCC unroll 8
+      for (int r = 0; r < RS; ++r) {
+        const __m256 a = _mm256_broadcast_ss(A + r * a_rs + k * a_cs);
+        x0[r] = _mm256_fmadd_ps(a, b0, x0[r]);
+        x1[r] = _mm256_fmadd_ps(a, b1, x1[r]);
+        x2[r] = _mm256_fmadd_ps(a, b2, x2[r]);
+        x3[r] = _mm256_fmadd_ps(a, b3, x3[r]);
+      }
+    } else {
+#pragma GCC unroll 8
+      for (int r = 0; r < RS; ++r) {
+        const __m256 a = _mm256_broadcast_ss(A + r * a_rs + k * a_cs);
+        x0[r] = _mm256_fmadd_ps(a, b0, x0[r]);
+        x1[r] = _mm256_fmadd_ps(a, b1, x1[r]);
+      }
+    }
+  }
+  finish_cols_avx2<RS>(x0, C + c0, t, c0, nv);
+  finish_cols_avx2<RS>(x1, C + c0 + 8, t, c0 + 8, nv - 8);
+  if constexpr (W == 4) {
+    finish_cols_avx2<RS>(x2, C + c0 + 16, t, c0 + 16, nv - 16);
+    finish_cols_avx2<RS>(x3, C + c0 + 24, t, c0 + 24, nv - 24);
+  }
+}
+
+template <int R>
+MM3_GEMM_AVX2 void tile_f32_avx2(const float* A, int64_t a_rs, int64_t a_cs, const float* Bp, const TileArgs& t) {
+  if constexpr (R <= 3) {
+    subtile_f32_avx2<R, 4>(A, a_rs, a_cs, Bp, t.C, t, 0);
+  } else {
+    constexpr int R0 = R < 6 ? R : 6, R1 = R - R0;  // R0 rows as 2 halves of 16 columns, then R1 <= 2 rows x 32
+    subtile_f32_avx2<R0, 2>(A, a_rs, a_cs, Bp, t.C, t, 0);
+    subtile_f32_avx2<R0, 2>(A, a_rs, a_cs, Bp, t.C, t, 16);
+    if constexpr (R1 > 0) subtile_f32_avx2<R1, 4>(A + R0 * a_rs, a_rs, a_cs, Bp, t.C + R0 * t.ldc, t, 0);
+  }
+}
+
 using TileF32 = void (*)(const float*, int64_t, int64_t, const float*, const TileArgs&);
 using TileBf16 = void (*)(const uint16_t*, int64_t, const uint16_t*, const TileArgs&);
 
@@ -158,13 +288,67 @@ const TileF32* f32_tiles() {
   static const TileF32 gen[kMR] = {tile_f32_generic<1>, tile_f32_generic<2>, tile_f32_generic<3>,
                                    tile_f32_generic<4>, tile_f32_generic<5>, tile_f32_generic<6>,
                                    tile_f32_generic<7>, tile_f32_generic<8>};
-  return cpu_has_avx512() ? avx : gen;
+  static const TileF32 avx2[kMR] = {tile_f32_avx2<1>, tile_f32_avx2<2>, tile_f32_avx2<3>, tile_f32_avx2<4>,
+                                    tile_f32_avx2<5>, tile_f32_avx2<6>, tile_f32_avx2<7>, tile_f32_avx2<8>};
+  return cpu_has_avx512() ? avx : cpu_has_avx2_fma() ? avx2 : gen;
 }
+// Whether gemm_ex first copies A into [8-row block][k][8] panels for the tiles. The AVX2 tile
+// wants it: read in place, the rows of a row-major A (K = 8192: 32 KiB apart) all fall into one L1
+// set, and its 6 + 2-row sub-tiles kept missing on their broadcasts (gemm_f32_689x2048x8192 on Zen 3:
+// 88 -> 118 GFLOP/s with the panel). Copying changes no value.
+bool f32_tiles_pack_a() { return !cpu_has_avx512() && cpu_has_avx2_fma(); }
 const TileBf16* bf16_tiles() {
   static const TileBf16 t[kMR] = {tile_bf16_avx512<1>, tile_bf16_avx512<2>, tile_bf16_avx512<3>,
                                   tile_bf16_avx512<4>, tile_bf16_avx512<5>, tile_bf16_avx512<6>,
                                   tile_bf16_avx512<7>, tile_bf16_avx512<8>};
   return t;
+}
+
+// dst[k * ldd + i] = src_i[k] for i < 8, k < 8: an 8 x 8 transpose of 8 rows (fp32 values, or bf16
+// bits widened exactly) with AVX2. Copies values only.
+template <bool BF16>
+MM3_GEMM_AVX2 inline void transpose8x8_avx2(const void* const (&src)[8], float* dst, int64_t ldd) {
+  __m256 r[8];
+  for (int i = 0; i < 8; ++i) {
+    if constexpr (BF16)
+      r[i] = _mm256_castsi256_ps(_mm256_slli_epi32(
+          _mm256_cvtepu16_epi32(_mm_loadu_si128(static_cast<const __m128i*>(src[i]))), 16));
+    else
+      r[i] = _mm256_loadu_ps(static_cast<const float*>(src[i]));
+  }
+  __m256 t[8];
+  for (int i = 0; i < 4; ++i) {  // pairs of rows interleaved
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  __m256 u[8];
+  for (int i = 0; i < 2; ++i) {  // 4 rows: 64-bit shuffles
+    u[4 * i + 0] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {  // 128-bit halves: column i and i + 4
+    _mm256_storeu_ps(dst + i * ldd, _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
+    _mm256_storeu_ps(dst + (i + 4) * ldd, _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
+  }
+}
+
+// pack_f32's n-major strip body with 8 x 8 transposes: columns j0..j0+7 (all inside N and nc) of
+// strip dst, k's [k0, k0 + kc8) with kc8 a multiple of 8.
+MM3_GEMM_AVX2 void pack_cols8_avx2(const void* B, DType bdt, int64_t ldb, int64_t n, int64_t k0, int64_t kc8,
+                                   float* dst) {
+  const bool bf = bdt == DType::BF16;
+  for (int64_t k = 0; k < kc8; k += 8) {
+    const void* src[8];
+    for (int i = 0; i < 8; ++i)
+      src[i] = bf ? static_cast<const void*>(static_cast<const uint16_t*>(B) + (n + i) * ldb + k0 + k)
+                  : static_cast<const void*>(static_cast<const float*>(B) + (n + i) * ldb + k0 + k);
+    if (bf)
+      transpose8x8_avx2<true>(src, dst + k * kNR, kNR);
+    else
+      transpose8x8_avx2<false>(src, dst + k * kNR, kNR);
+  }
 }
 
 // Packs columns [n0, n0+nc) x k's [k0, k0+kc) of B (rows = columns of the product) into 32-column
@@ -189,7 +373,20 @@ void pack_f32(const void* B, DType bdt, int64_t ldb, bool kmajor, int64_t N, int
       }
       continue;
     }
-    for (int j = 0; j < kNR; ++j) {
+    int j = 0;
+    if (cpu_has_avx2_fma()) {  // whole groups of 8 valid columns, whole groups of 8 k's
+      const int64_t kc8 = kc / 8 * 8;
+      for (; j + 8 <= kNR && n0 + s * kNR + j + 8 <= N && s * kNR + j + 8 <= nc; j += 8) {
+        const int64_t n = n0 + s * kNR + j;
+        pack_cols8_avx2(B, bdt, ldb, n, k0, kc8, dst + j);
+        for (int i = 0; i < 8; ++i)
+          for (int64_t k = kc8; k < kc; ++k)
+            dst[k * kNR + j + i] = bdt == DType::BF16
+                                       ? bf16_bits_to_f32(static_cast<const uint16_t*>(B)[(n + i) * ldb + k0 + k])
+                                       : static_cast<const float*>(B)[(n + i) * ldb + k0 + k];
+      }
+    }
+    for (; j < kNR; ++j) {
       const int64_t n = n0 + s * kNR + j;
       if (n >= N || s * kNR + j >= nc) {
         for (int64_t k = 0; k < kc; ++k) dst[k * kNR + j] = 0.f;
@@ -273,6 +470,40 @@ void gemm_ex(const ThreadPool& pool, const float* A, int64_t a_rs, int64_t a_cs,
 
   const TileF32* tf = f32_tiles();
   const TileBf16* tb = use_bf16 ? bf16_tiles() : nullptr;
+  // A copied once for all column panels as [K block][8-row block][k < kc_block][8] (rows past M:
+  // zeros): the row blocks of one K block are contiguous, so a sweep down all rows (the AVX2 loop
+  // order below) reads one stream. (As [row block][K][8], the row blocks' pieces of a K block were
+  // K·32 bytes apart, 256 KiB for K = 8192, all in the same L2 sets.)
+  const bool pack_a = !use_bf16 && f32_tiles_pack_a();
+  const int64_t kc_block = pack_a ? kKC2 : kKC;
+  const int64_t mblocks = (M + kMR - 1) / kMR, kblocks = (K + kc_block - 1) / kc_block;
+  std::vector<float> Ap;
+  auto a_panel = [&](int64_t mb, int64_t kb) { return Ap.data() + (kb * mblocks + mb) * kc_block * kMR; };
+  if (pack_a) {
+    static_assert(kMR == 8 && kKC2 % 8 == 0, "the A panels are filled by 8 x 8 transposes");
+    Ap.assign(static_cast<size_t>(mblocks * kblocks * kc_block * kMR), 0.f);
+    pool.parallel_for(
+        mblocks,
+        [&](int64_t b0, int64_t b1) {
+          for (int64_t b = b0; b < b1; ++b) {
+            const bool whole = a_cs == 1 && b * kMR + kMR <= M;
+            for (int64_t kb = 0; kb < kblocks; ++kb) {
+              float* dst = a_panel(b, kb);
+              const int64_t k0 = kb * kc_block, kc = std::min(kc_block, K - k0);
+              int64_t k = 0;
+              if (whole)  // 8 whole rows: 8 x 8 transposes
+                for (; k + 8 <= kc; k += 8) {
+                  const void* src[8];
+                  for (int i = 0; i < 8; ++i) src[i] = A + (b * kMR + i) * a_rs + k0 + k;
+                  transpose8x8_avx2<false>(src, dst + k * kMR, kMR);
+                }
+              for (int64_t i = 0; i < kMR && b * kMR + i < M; ++i)
+                for (int64_t kk = k; kk < kc; ++kk) dst[kk * kMR + i] = A[(b * kMR + i) * a_rs + (k0 + kk) * a_cs];
+            }
+          }
+        },
+        std::max<int64_t>(1, 8192 / K));
+  }
   pool.parallel_for(panels * chunks, [&](int64_t t0, int64_t t1) {
     thread_local std::vector<float> bufF;
     thread_local std::vector<uint16_t> bufH;
@@ -281,8 +512,8 @@ void gemm_ex(const ThreadPool& pool, const float* A, int64_t a_rs, int64_t a_cs,
       const int64_t n0 = pn * kNC, nc = std::min<int64_t>(kNC, N - n0);
       const int64_t ms = ch * mc, me = std::min(M, ms + mc);
       const int64_t strips = (nc + kNR - 1) / kNR;
-      for (int64_t k0 = 0; k0 < K; k0 += kKC) {
-        const int64_t kc = std::min<int64_t>(kKC, K - k0);
+      for (int64_t k0 = 0; k0 < K; k0 += kc_block) {
+        const int64_t kc = std::min<int64_t>(kc_block, K - k0);
         if (use_bf16) {
           const int64_t kp = (kc + 1) / 2;
           bufH.resize(static_cast<size_t>(strips * kp * 2 * kNR));
@@ -291,24 +522,32 @@ void gemm_ex(const ThreadPool& pool, const float* A, int64_t a_rs, int64_t a_cs,
           bufF.resize(static_cast<size_t>(strips * kc * kNR));
           pack_f32(B, b_dtype, ldb, b_kmajor, N, n0, nc, k0, kc, bufF.data());
         }
-        for (int64_t m0 = ms; m0 < me; m0 += kMR) {
+        auto tile = [&](int64_t m0, int64_t s) {
           const int r = static_cast<int>(std::min<int64_t>(kMR, me - m0));
-          for (int64_t s = 0; s < strips; ++s) {
-            const int64_t ns = n0 + s * kNR;
-            TileArgs ta{kc,
-                        C + m0 * ldc + ns,
-                        ldc,
-                        static_cast<int>(std::min<int64_t>(kNR, N - ns)),
-                        k0 == 0,
-                        k0 + kc >= K,
-                        bias ? bias + ns : nullptr,
-                        store};
-            if (use_bf16)
-              tb[r - 1](A16.data() + m0 * Kp + k0, Kp, bufH.data() + s * ((kc + 1) / 2) * 2 * kNR, ta);
-            else
-              tf[r - 1](A + m0 * a_rs + k0 * a_cs, a_rs, a_cs, bufF.data() + s * kc * kNR, ta);
-          }
-        }
+          const int64_t ns = n0 + s * kNR;
+          TileArgs ta{kc,
+                      C + m0 * ldc + ns,
+                      ldc,
+                      static_cast<int>(std::min<int64_t>(kNR, N - ns)),
+                      k0 == 0,
+                      k0 + kc >= K,
+                      bias ? bias + ns : nullptr,
+                      store};
+          if (use_bf16)
+            tb[r - 1](A16.data() + m0 * Kp + k0, Kp, bufH.data() + s * ((kc + 1) / 2) * 2 * kNR, ta);
+          else if (pack_a)
+            tf[r - 1](a_panel(m0 / kMR, k0 / kc_block), 1, kMR, bufF.data() + s * kc * kNR, ta);
+          else
+            tf[r - 1](A + m0 * a_rs + k0 * a_cs, a_rs, a_cs, bufF.data() + s * kc * kNR, ta);
+        };
+        // The AVX2 tiles walk each B strip (16 KiB) down all row blocks, so it stays in L1 while the
+        // packed A streams in order; the AVX-512 ones walk the strips of each row block.
+        if (pack_a)
+          for (int64_t s = 0; s < strips; ++s)
+            for (int64_t m0 = ms; m0 < me; m0 += kMR) tile(m0, s);
+        else
+          for (int64_t m0 = ms; m0 < me; m0 += kMR)
+            for (int64_t s = 0; s < strips; ++s) tile(m0, s);
       }
     }
   });
