@@ -249,6 +249,39 @@ TEST(KernelsAttention, KvSpanMatchesWholePrefill) {
 
 // exp20 (the reference's softmax exponential): scalar and vector twins agree bit for bit, within
 // 4 ulps of exp down to x = -86, 0 below ln(FLT_MIN).
+// The AVX2 twins (simd.h: exp20_v8, fexp20_v8, round_bf16_v8, used by the attention's softmax on CPUs
+// without AVX-512) equal the scalar functions bit for bit, special values included.
+MM3_SIMD_AVX2 void avx2_twins(const float* x, float* e, float* f, float* r) {
+  const __m256 v = _mm256_loadu_ps(x);
+  _mm256_storeu_ps(e, kern::detail::exp20_v8(v));
+  _mm256_storeu_ps(f, kern::detail::fexp20_v8(v));
+  _mm256_storeu_ps(r, kern::detail::round_bf16_v8(v));
+}
+
+TEST(KernelsAttention, Avx2ExpTwinsEqualScalar) {
+  if (!kern::detail::cpu_has_avx2_fma()) GTEST_SKIP() << "this CPU has no AVX2 + FMA: the AVX2 twins cannot run";
+  Rng rng(21);
+  std::vector<float> xs = rng.vec(8192, -110.f, 100.f);
+  for (float v : rng.vec(4096, -1.f, 1.f)) xs.push_back(v);
+  for (float v : {0.f, -0.f, 1e-30f, -1e-30f, -87.3365f, -87.3366f, -88.7f, 88.72f, 88.73f, -104.f, 200.f, -200.f,
+                  INFINITY, -INFINITY, NAN, -NAN, 3.4e38f, -3.4e38f, 1.00390625f, 1.01171875f})
+    xs.push_back(v);
+  while (xs.size() % 8) xs.push_back(-3.f);
+  int64_t bad = 0;
+  for (size_t i = 0; i < xs.size(); i += 8) {
+    float e[8], f[8], r[8];
+    avx2_twins(xs.data() + i, e, f, r);
+    for (int l = 0; l < 8; ++l) {
+      const float x = xs[i + l];
+      const int d = (f32_bits(e[l]) != f32_bits(kern::detail::exp20(x))) +
+                    (f32_bits(f[l]) != f32_bits(kern::detail::fexp20(x))) + (f32_bits(r[l]) != f32_bits(round_bf16(x)));
+      if (d && bad < 4) ADD_FAILURE() << "x = " << x << " (bits " << f32_bits(x) << ")";
+      bad += d;
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
 TEST(KernelsAttention, Exp20Accuracy) {
   Rng rng(12);
   std::vector<float> xs = rng.vec(4096, -87.f, 0.f);

@@ -13,7 +13,9 @@
 // these steps is what makes a bf16 run land on the reference's bits (e2e golden cases); with store
 // F32 nothing is rounded and the result is within a few ulps of the exact softmax.
 // The AVX-512 path blocks 4 query rows x 64 keys (scores from a transposed f32 copy of K) and
-// 4 rows x 64 dims (P·V); the portable path walks one (query, head) row at a time. In both every
+// 4 rows x 64 dims (P·V); the portable path walks one (query, head) row at a time. Both take the
+// GEMM form (attention_gemm: gemm_ex products, AVX2 tiles on CPUs without AVX-512) for bidirectional
+// attention over many rows with F32 K / V (the DiT). In both every
 // output is one sequential FMA chain over the keys, so the thread count never changes a bit.
 // Query head h reads KV head h / (Hq / Hkv) (torch's repeat_interleave in repeat_kv / enable_gqa).
 #pragma GCC optimize("fp-contract=off")
@@ -345,6 +347,71 @@ void attention_item(const AttnItem& a, int64_t i0, int64_t nq, std::vector<float
   }
 }
 
+}  // namespace
+#else
+namespace {
+
+// Portable softmax_numerators: the reference's block softmax of the AVX-512 version above, its 16
+// lanes emulated (the same operations as the portable attention's inline loop below); with AVX2 the
+// exponentials of whole 16-key groups go 8 at a time (exp20_v8 / fexp20_v8 equal their scalar twins
+// lane for lane, and each lane still adds its keys in order), so the bits are the same either way.
+MM3_SIMD_AVX2 void exp_group16_avx2(float* s, float m_new, bool bf, DType store, float* lanes) {
+  const __m256 m = _mm256_set1_ps(m_new);
+  for (int h = 0; h < 2; ++h) {
+    const __m256 x = _mm256_sub_ps(_mm256_loadu_ps(s + 8 * h), m);
+    const __m256 e = bf ? detail::fexp20_v8(x) : detail::exp20_v8(x);
+    _mm256_storeu_ps(lanes + 8 * h, _mm256_add_ps(_mm256_loadu_ps(lanes + 8 * h), e));
+    _mm256_storeu_ps(s + 8 * h, store == DType::BF16 ? detail::round_bf16_v8(e) : e);
+  }
+}
+
+void softmax_numerators(float* S, int64_t lds, int rows, const int64_t* nk, int64_t nblk, int64_t kv_span,
+                        DType store, float* alpha, float* inv) {
+  const bool bf = store == DType::BF16;
+  const bool avx2 = detail::cpu_has_avx2_fma();
+  for (int r = 0; r < rows; ++r) {
+    float* s = S + size_t(r) * lds;
+    const int64_t n = nk[r];
+    float m_run = -std::numeric_limits<float>::infinity(), sum_run = 0.f;
+    for (int64_t j0 = 0, b = 0; j0 < n; j0 += kRefKv, ++b) {
+      const int64_t j1 = std::min(n, j0 + kRefKv);
+      const int64_t bw = std::min<int64_t>(kRefKv, kv_span - j0);
+      const int64_t vend = std::min(j1, j0 + bw / 16 * 16);
+      const int64_t vend2 = bf ? j0 + bw / 32 * 32 : j0;
+      float m_new = m_run;
+      for (int64_t j = j0; j < j1; ++j) m_new = std::max(m_new, s[j]);
+      float lanes[3][16] = {};
+      int64_t j = j0;
+      if (avx2)
+        for (; j + 16 <= vend; j += 16)
+          exp_group16_avx2(s + j, m_new, bf, store, lanes[j < vend2 ? ((j - j0) / 16) & 1 : 2]);
+      for (; j < vend; ++j) {
+        const float e = bf ? detail::fexp20(s[j] - m_new) : detail::exp20(s[j] - m_new);
+        const int slot = j < vend2 ? static_cast<int>(((j - j0) / 16) & 1) : 2;
+        lanes[slot][(j - j0) % 16] += e;
+        s[j] = round_store(e, store);
+      }
+      for (int l = 0; l < 16; ++l) lanes[0][l] = (lanes[0][l] + lanes[2][l]) + lanes[1][l];
+      float bsum = tree_sum16(lanes[0]);
+      for (int64_t j = vend; j < j1; ++j) {
+        const float e = std::exp(s[j] - m_new);
+        bsum += e;
+        s[j] = round_store(e, store);
+      }
+      const float al = std::exp(m_run - m_new);
+      sum_run = std::fma(al, sum_run, bsum);
+      alpha[size_t(r) * nblk + b] = al;
+      m_run = m_new;
+    }
+    inv[r] = 1.0f / sum_run;
+  }
+}
+
+}  // namespace
+#endif
+
+namespace {
+
 // Bidirectional attention over many query rows with F32 K / V (the DiT: 690 x 690 per head) as
 // GEMMs: per task (query head h, block of kGemmQB rows) S = Q_h K_h^T (gemm_ex, fp32), S *= scale, the
 // reference's blocked softmax numerators (softmax_numerators, unchanged), then per 512-key block
@@ -402,7 +469,6 @@ void attention_gemm(const ThreadPool& pool, const float* q, int64_t ldq, const f
         std::vector<float> S(static_cast<size_t>(kGemmQB * lds)), O(static_cast<size_t>(kGemmQB * D)),
             T(static_cast<size_t>(kGemmQB * D)), alpha(static_cast<size_t>(kGemmQB * nblk)), inv(kGemmQB);
         const std::vector<int64_t> nk(kGemmQB, Skv);
-        const __m512 vscale = _mm512_set1_ps(scale);
         for (int64_t t = t0; t < t1; ++t) {
           const int h = static_cast<int>(t / nqb), hk = h / group;
           const int64_t i0 = (t % nqb) * kGemmQB, n = std::min(kGemmQB, Sq - i0);
@@ -417,10 +483,7 @@ void attention_gemm(const ThreadPool& pool, const float* q, int64_t ldq, const f
                             DType::F32, false);
           for (int64_t r = 0; r < n; ++r) {
             float* sr = S.data() + r * lds;
-            for (int64_t j = 0; j < Skv; j += 16) {
-              const __mmask16 m = lane_mask(Skv - j);
-              _mm512_mask_storeu_ps(sr + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, sr + j), vscale));
-            }
+            for (int64_t j = 0; j < Skv; ++j) sr[j] *= scale;
           }
           softmax_numerators(S.data(), lds, static_cast<int>(n), nk.data(), nblk, span, store, alpha.data(), inv.data());
           for (int64_t b = 0; b < nblk; ++b) {
@@ -449,6 +512,7 @@ void attention_gemm(const ThreadPool& pool, const float* q, int64_t ldq, const f
 
 }  // namespace
 
+#if defined(__AVX512F__)
 void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* k, const void* v, int64_t ldkv,
                DType kv_dtype, float* out, int64_t ldo, int64_t Sq, int64_t Skv, int Hq, int Hkv, int D, float scale,
                bool causal, int64_t q_pos0, DType store, int64_t kv_span) {
@@ -516,7 +580,7 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
   });
 }
 
-#else  // portable fallback: one (query, head) row at a time
+#else  // portable fallback: the GEMM form above where it applies, else one (query, head) row at a time
 
 void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* k, const void* v, int64_t ldkv,
                DType kv_dtype, float* out, int64_t ldo, int64_t Sq, int64_t Skv, int Hq, int Hkv, int D, float scale,
@@ -524,6 +588,11 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
   check_args(ldq, ldkv, ldo, Skv, Hq, Hkv, D, q_pos0, kv_dtype, kv_span);
   if (Sq <= 0) return;
   const int64_t span = kv_span > 0 ? kv_span : Skv;
+  if (!causal && kv_dtype == DType::F32 && Sq >= kGemmMinRows && Skv >= kGemmMinRows) {
+    attention_gemm(pool, q, ldq, static_cast<const float*>(k), static_cast<const float*>(v), ldkv, out, ldo, Sq, Skv,
+                   Hq, Hkv, D, scale, span, store);
+    return;
+  }
   const int group = Hq / Hkv;
   const bool kb = kv_dtype == DType::BF16;
   const bool bf = store == DType::BF16;

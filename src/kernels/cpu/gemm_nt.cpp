@@ -159,15 +159,6 @@ void tile_f32_generic(const float* A, int64_t a_rs, int64_t a_cs, const float* B
 
 #define MM3_GEMM_AVX2 __attribute__((target("avx2,fma")))
 
-MM3_GEMM_AVX2 inline __m256 round_bf16_256(__m256 v) {
-  const __m256i u = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
-  r = _mm256_and_si256(r, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u)));
-  const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
-  return _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)), nan);
-}
-
 // Lane mask of the first n (clamped to 0..8) of 8 floats, for VMASKMOVPS.
 MM3_GEMM_AVX2 inline __m256i lanes8(int n) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -187,7 +178,7 @@ MM3_GEMM_AVX2 inline __attribute__((always_inline)) void finish_cols_avx2(__m256
     }
     if (t.store == DType::BF16) {
 #pragma GCC unroll 8
-      for (int r = 0; r < RS; ++r) x[r] = round_bf16_256(x[r]);
+      for (int r = 0; r < RS; ++r) x[r] = round_bf16_v8(x[r]);
     }
   }
   if (nv >= 8) {  // VMASKMOVPS stores are microcoded on AMD (~10x a plain store): only for a tail

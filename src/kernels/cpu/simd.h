@@ -268,4 +268,52 @@ inline void axpy_bf16(float a, const uint16_t* x, float* y, int64_t n) {
 #endif
 }
 
+// ---- AVX2 twins (runtime dispatch: callers check cpu_has_avx2_fma()) ----
+#define MM3_SIMD_AVX2 __attribute__((target("avx2,fma")))
+
+// 8 floats rounded to bf16 values (kept as floats), identical to round_bf16 lane by lane.
+MM3_SIMD_AVX2 inline __m256 round_bf16_v8(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
+  r = _mm256_and_si256(r, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u)));
+  const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+  return _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)), nan);
+}
+
+// exp20 for 8 floats, equal to exp20 lane for lane (the same operations in the same order).
+MM3_SIMD_AVX2 inline __m256 exp20_v8(__m256 x) {
+  using namespace exp20_c;
+  const __m256 lo = _mm256_set1_ps(bits(kLo)), hi = _mm256_set1_ps(bits(kHi));
+  const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OS);
+  const __m256 v = _mm256_max_ps(_mm256_min_ps(x, hi), lo);  // NaN: MINPS returns hi, as exp20's x < hi
+  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(v, _mm256_set1_ps(bits(kLog2e)), _mm256_set1_ps(0.5f)));
+  const __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(bits(kLn2)), v);
+  __m256 p = _mm256_fmadd_ps(r, _mm256_set1_ps(kC5), _mm256_set1_ps(kC4));
+  p = _mm256_fmadd_ps(r, p, _mm256_set1_ps(kC3));
+  p = _mm256_fmadd_ps(r, p, _mm256_set1_ps(kC2));
+  p = _mm256_fmadd_ps(r, p, _mm256_set1_ps(kC1));
+  p = _mm256_fmadd_ps(r, p, _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_sub_ps(n, _mm256_set1_ps(1.0f))), _mm256_set1_epi32(127)), 23);
+  const __m256 two_n1 = _mm256_blendv_ps(_mm256_castsi256_ps(e), _mm256_setzero_ps(), under);
+  return _mm256_mul_ps(_mm256_mul_ps(p, two_n1), _mm256_set1_ps(2.0f));
+}
+
+// fexp20 for 8 floats, equal to fexp20 lane for lane.
+MM3_SIMD_AVX2 inline __m256 fexp20_v8(__m256 x) {
+  using namespace fexp20_c;
+  const __m256 small = _mm256_cmp_ps(x, _mm256_set1_ps(exp20_c::bits(exp20_c::kLo)), _CMP_LT_OS);
+  const __m256 large = _mm256_cmp_ps(x, _mm256_set1_ps(exp20_c::bits(exp20_c::kHi)), _CMP_GT_OS);
+  __m256 y = _mm256_mul_ps(x, _mm256_set1_ps(exp20_c::bits(exp20_c::kLog2e)));
+  const __m256 f = _mm256_sub_ps(y, _mm256_floor_ps(y));
+  __m256 p = _mm256_fmadd_ps(f, _mm256_set1_ps(kC3), _mm256_set1_ps(kC2));
+  p = _mm256_fmadd_ps(f, p, _mm256_set1_ps(kC1));
+  p = _mm256_fmadd_ps(f, p, _mm256_set1_ps(kC0));
+  y = _mm256_sub_ps(y, p);
+  const __m256i i = _mm256_cvttps_epi32(_mm256_fmadd_ps(_mm256_set1_ps(kA), y, _mm256_set1_ps(kB)));
+  const __m256 r = _mm256_blendv_ps(_mm256_castsi256_ps(i), _mm256_setzero_ps(), small);
+  return _mm256_blendv_ps(r, _mm256_set1_ps(INFINITY), large);
+}
+
 }  // namespace mm3::kern::detail
