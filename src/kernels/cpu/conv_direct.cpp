@@ -26,7 +26,7 @@
 // stores. See conv_packed for the sizes.
 // Numerics: each output is ONE sequential FMA chain over (ci, tap) in ascending order starting from 0;
 // the bias is added after the chain, then one rounding to the store dtype. Blocking, the task split,
-// the thread count and the ISA path (AVX-512 or the portable loop, which uses std::fma) change no bit.
+// the thread count and the ISA path (AVX-512, AVX2 or the portable loop, which uses std::fma) change no bit.
 // For Conv1d this is the order of the im2col + GEMM path that preceded it (same bits).
 #pragma GCC optimize("fp-contract=off")
 
@@ -411,11 +411,115 @@ void tile_portable(const float* xs, int64_t ld, const float* w, int64_t kc, int 
     }
 }
 
+// The tile with AVX2 (CPUs without AVX-512): 16 ymm registers hold kMR x 16 outputs (12 accumulators),
+// so the 64 outputs go as 4 passes of 16 over the same (ci, tap) stream (weights and slab rows stay in
+// L1). Same chains as the other tiles, so the same bits. A pattern weight covers 8 lanes: lane l of a
+// 16-output vector uses w[m·S + l mod S], so for S <= 8 both halves take the same pattern and for
+// S = 16 the upper half takes w[m·16 + 8..15].
+#define MM3_CONV_AVX2 __attribute__((target("avx2,fma")))
+
+template <int S>
+MM3_CONV_AVX2 inline __m256 weight_256(const float* p) {
+  if constexpr (S == 1) {
+    return _mm256_broadcast_ss(p);
+  } else if constexpr (S == 2) {
+    double d;
+    std::memcpy(&d, p, sizeof d);
+    return _mm256_castpd_ps(_mm256_set1_pd(d));
+  } else if constexpr (S == 4) {
+    return _mm256_broadcast_ps(reinterpret_cast<const __m128*>(p));
+  } else {
+    static_assert(S == 8 || S == 16);
+    return _mm256_loadu_ps(p);
+  }
+}
+
+MM3_CONV_AVX2 inline __m256i lanes8_conv(int n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// The last slab's epilogue of 8 outputs (n valid): bias, rounding, residual, rounding, store.
+MM3_CONV_AVX2 inline __attribute__((always_inline)) void finish8_avx2(__m256 val, __m256 b, const TileIO& io, float* yp,
+                                                                      const float* rp, int n) {
+  if (n <= 0) return;
+  const __m256i mk = lanes8_conv(n);
+  if (io.bias) val = _mm256_add_ps(val, b);
+  if (io.bf) val = detail::round_bf16_v8(val);
+  if (rp) {
+    val = _mm256_add_ps(n >= 8 ? _mm256_loadu_ps(rp) : _mm256_maskload_ps(rp, mk), val);
+    if (io.bf) val = detail::round_bf16_v8(val);
+  }
+  if (n >= 8)  // VMASKMOVPS stores are microcoded on AMD: only for a tail
+    _mm256_storeu_ps(yp, val);
+  else
+    _mm256_maskstore_ps(yp, mk, val);
+}
+
+constexpr int64_t kPfRows = 8;
+constexpr int64_t kTcMaxAvx2 = 512;
+
+template <int S>
+MM3_CONV_AVX2 void tile_avx2(const float* xs, int64_t ld, const float* w0, int64_t kc, int taps, const int64_t* off,
+                             const TileIO& io) {
+  for (int q = 0; q < kNV; ++q) {
+    const int c0 = 16 * q;
+    if (io.last && c0 >= io.cols) break;  // nothing of this pass is stored
+    __m256 a0[kMR], a1[kMR];
+    if (io.first) {
+#pragma GCC unroll 6
+      for (int m = 0; m < kMR; ++m) a0[m] = a1[m] = _mm256_setzero_ps();
+    } else {
+#pragma GCC unroll 6
+      for (int m = 0; m < kMR; ++m) {
+        a0[m] = _mm256_loadu_ps(io.part + m * io.part_ld + c0);
+        a1[m] = _mm256_loadu_ps(io.part + m * io.part_ld + c0 + 8);
+      }
+    }
+    const float* w = w0;
+    for (int64_t c = 0; c < kc; ++c) {
+      const float* xr = xs + c * ld + c0;
+      // The slab lives in L2 and each pass reads 64 B of every row: fetch a few rows ahead (prefetches
+      // change no value).
+      _mm_prefetch(reinterpret_cast<const char*>(xr + kPfRows * ld + off[0]), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(xr + kPfRows * ld + off[taps - 1] + 15), _MM_HINT_T0);
+      for (int j = 0; j < taps; ++j) {
+        const __m256 x0 = _mm256_loadu_ps(xr + off[j]), x1 = _mm256_loadu_ps(xr + off[j] + 8);
+#pragma GCC unroll 6
+        for (int m = 0; m < kMR; ++m) {
+          const __m256 wl = weight_256<S>(w + m * S);
+          const __m256 wh = S == 16 ? weight_256<S>(w + m * S + 8) : wl;
+          a0[m] = _mm256_fmadd_ps(wl, x0, a0[m]);
+          a1[m] = _mm256_fmadd_ps(wh, x1, a1[m]);
+        }
+        w += kMR * S;
+      }
+    }
+    if (!io.last) {
+#pragma GCC unroll 6
+      for (int m = 0; m < kMR; ++m) {
+        _mm256_storeu_ps(io.part + m * io.part_ld + c0, a0[m]);
+        _mm256_storeu_ps(io.part + m * io.part_ld + c0 + 8, a1[m]);
+      }
+      continue;
+    }
+    // Every loop over m unrolled with constant indices: with a runtime bound or index here GCC kept
+    // a0 / a1 on the stack and stored them on every (ci, tap) of the loop above (perf annotate).
+#pragma GCC unroll 6
+    for (int m = 0; m < kMR; ++m) {
+      if (m >= io.rows) break;
+      const __m256 b = _mm256_set1_ps(io.bias ? io.bias[m] : 0.f);
+      finish8_avx2(a0[m], b, io, io.y + m * io.ldy + c0, io.res ? io.res + m * io.ldy + c0 : nullptr, io.cols - c0);
+      finish8_avx2(a1[m], b, io, io.y + m * io.ldy + c0 + 8, io.res ? io.res + m * io.ldy + c0 + 8 : nullptr,
+                   io.cols - c0 - 8);
+    }
+  }
+}
+
 using TileFn = void (*)(const float*, int64_t, const float*, int64_t, int, const int64_t*, const TileIO&);
 
 template <int S>
 TileFn pick_tile() {
-  return detail::cpu_has_avx512() ? &tile_avx512<S> : &tile_portable<S>;
+  return detail::cpu_has_avx512() ? &tile_avx512<S> : detail::cpu_has_avx2_fma() ? &tile_avx2<S> : &tile_portable<S>;
 }
 
 TileFn tile_for(int phases) {
@@ -600,11 +704,15 @@ void direct_run(const ThreadPool& pool, const ConvWeight& cw, const Packed& P, c
   // of 128 channels over chunks of up to 1024 outputs (~550 KiB); one-tap layers (few FMAs per slab
   // value) take every channel (up to 768) over 256 outputs, which avoids partial sums.
   // The bf16-pair slab holds two channels per row (half the bytes): slabs twice as deep.
-  const int64_t KC = std::min<int64_t>(Cin, (P.taps == 1 ? 768 : 128) * (Pairs ? 2 : 1));
+  // The AVX2 tile reads a slab's weights once per 16 outputs (4 passes), so they must stay in L1
+  // (32 KiB on Zen 3): pattern weights (ConvTranspose1d, S values per product) take shallower slabs.
+  const int64_t kc_multi = detail::cpu_has_avx512() ? 128 : std::max<int64_t>(16, 128 / std::max(1, P.phases / 2));
+  const int64_t KC = std::min<int64_t>(Cin, (P.taps == 1 ? 768 : kc_multi) * (Pairs ? 2 : 1));
   const int64_t KR = Pairs ? (KC + 1) / 2 : KC;  // slab rows
   const int64_t want = 8 * int64_t(workers);  // tasks, for balance
-  const int64_t TC = std::clamp<int64_t>(((Lout + want - 1) / want + kNR - 1) / kNR * kNR, 256,
-                                         P.taps == 1 ? 256 : 1024);
+  // Without AVX-512 (Zen 3: 512 KiB L2) the multi-tap chunks stop at 512 outputs (slab ~290 KiB).
+  const int64_t tc_max = P.taps == 1 ? 256 : detail::cpu_has_avx512() ? 1024 : kTcMaxAvx2;
+  const int64_t TC = std::clamp<int64_t>(((Lout + want - 1) / want + kNR - 1) / kNR * kNR, 256, tc_max);
   const int64_t n_tc = (Lout + TC - 1) / TC;
   int64_t n_cg = 1;  // split the channels only when the chunks are too few (short inputs)
   while (n_tc * n_cg < want && (P.cobs + 2 * n_cg - 1) / (2 * n_cg) >= 8) n_cg *= 2;
