@@ -12,7 +12,8 @@
 //   (tests/unit/kernels_conv_snake.cpp checks <= 2).
 // Lanes with |x| > 8192, inf or NaN take std::sin (glibc sinf, which reduces exactly). torch itself
 // uses SLEEF's 1-ulp vector sinf, so neither matches torch bit for bit; all are within ~1-2 ulps.
-// Without AVX-512 the row is the plain scalar loop over std::sin.
+// With AVX2 only, the same operations 8 lanes at a time (the same bits); without either, the plain
+// scalar loop over std::sin.
 #pragma GCC optimize("fp-contract=off")
 
 #include <cmath>
@@ -115,11 +116,105 @@ MM3_AVX512_TARGET void sin_row_avx512(const float* x, float* y, int64_t n) {
   }
 }
 
+// ---- AVX2 (CPUs without AVX-512): sin_512's operations 8 lanes at a time, so the same bits ----
+
+#define MM3_SNAKE_AVX2 __attribute__((target("avx2,fma")))
+
+MM3_SNAKE_AVX2 inline __m256 sin_256(__m256 x) {
+  const __m256 P1 = _mm256_set1_ps(1.57079637050628662109375f);
+  const __m256 P2 = _mm256_set1_ps(-4.371138828673793e-8f);
+  const __m256 P3 = _mm256_set1_ps(-1.7151245100058819e-15f);
+  const __m256 jf = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(0.636619772367581343f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(jf, P1, x);
+  r = _mm256_fnmadd_ps(jf, P2, r);
+  r = _mm256_fnmadd_ps(jf, P3, r);
+  const __m256 z = _mm256_mul_ps(r, r);
+  __m256 ps = _mm256_fmadd_ps(_mm256_set1_ps(-1.9515295891e-4f), z, _mm256_set1_ps(8.3321608736e-3f));
+  ps = _mm256_fmadd_ps(ps, z, _mm256_set1_ps(-1.6666654611e-1f));
+  const __m256 sr = _mm256_fmadd_ps(_mm256_mul_ps(ps, z), r, r);
+  __m256 pc = _mm256_fmadd_ps(_mm256_set1_ps(2.443315711809948e-5f), z, _mm256_set1_ps(-1.388731625493765e-3f));
+  pc = _mm256_fmadd_ps(pc, z, _mm256_set1_ps(4.166664568298827e-2f));
+  const __m256 cr = _mm256_fmadd_ps(_mm256_mul_ps(pc, z), z, _mm256_fnmadd_ps(_mm256_set1_ps(0.5f), z, _mm256_set1_ps(1.f)));
+  const __m256i j = _mm256_cvtps_epi32(jf);
+  const __m256 odd = _mm256_castsi256_ps(
+      _mm256_cmpeq_epi32(_mm256_and_si256(j, _mm256_set1_epi32(1)), _mm256_set1_epi32(1)));
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(j, _mm256_set1_epi32(2)), 30);
+  const __m256 v = _mm256_blendv_ps(sr, cr, odd);
+  return _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(v), sign));
+}
+
+// Lanes of x (the first n) that sin_256 does not take: |x| > 8192, inf, NaN (NLE_UQ), as a bit mask.
+MM3_SNAKE_AVX2 inline int big_lanes_256(__m256 x, int n) {
+  const __m256 ax = _mm256_andnot_ps(_mm256_set1_ps(-0.f), x);
+  const int m = _mm256_movemask_ps(_mm256_cmp_ps(ax, _mm256_set1_ps(8192.f), _CMP_NLE_UQ));
+  return n >= 8 ? m : m & ((1 << n) - 1);
+}
+
+MM3_SNAKE_AVX2 inline __m256 sin_fix_256(__m256 x, __m256 v, int big) {
+  if (__builtin_expect(big == 0, 1)) return v;
+  alignas(32) float xs[8], vs[8];
+  _mm256_store_ps(xs, x);
+  _mm256_store_ps(vs, v);
+  for (int l = 0; l < 8; ++l)
+    if (big >> l & 1) vs[l] = std::sin(xs[l]);
+  return _mm256_load_ps(vs);
+}
+
+template <bool BF>
+MM3_SNAKE_AVX2 inline __m256 rnd8(__m256 v) {
+  if constexpr (BF) return round_bf16_v8(v);
+  return v;
+}
+
+template <bool BF>
+MM3_SNAKE_AVX2 void snake_row_avx2(const float* x, float alpha, float inv, float* y, int64_t n) {
+  const __m256 av = _mm256_set1_ps(alpha), iv = _mm256_set1_ps(inv);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 xv = _mm256_loadu_ps(x + i);
+    const __m256 ax = rnd8<BF>(_mm256_mul_ps(av, xv));
+    const __m256 s = rnd8<BF>(sin_fix_256(ax, sin_256(ax), big_lanes_256(ax, 8)));
+    const __m256 tm = rnd8<BF>(_mm256_mul_ps(iv, rnd8<BF>(_mm256_mul_ps(s, s))));
+    _mm256_storeu_ps(y + i, rnd8<BF>(_mm256_add_ps(xv, tm)));
+  }
+  for (; i < n; ++i) {  // the tail: scalar, with sin_256's value for the lane
+    alignas(32) float xs[8] = {}, out[8];
+    xs[0] = alpha * x[i];
+    if (BF) xs[0] = round_bf16(xs[0]);
+    const __m256 xv = _mm256_load_ps(xs);
+    _mm256_store_ps(out, sin_fix_256(xv, sin_256(xv), big_lanes_256(xv, 1)));
+    const float sv = BF ? round_bf16(out[0]) : out[0];
+    const float sq = BF ? round_bf16(sv * sv) : sv * sv;
+    const float tm = BF ? round_bf16(inv * sq) : inv * sq;
+    y[i] = BF ? round_bf16(x[i] + tm) : x[i] + tm;
+  }
+}
+
+MM3_SNAKE_AVX2 void sin_row_avx2(const float* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 xv = _mm256_loadu_ps(x + i);
+    _mm256_storeu_ps(y + i, sin_fix_256(xv, sin_256(xv), big_lanes_256(xv, 8)));
+  }
+  if (i < n) {
+    alignas(32) float xs[8] = {}, out[8];
+    for (int64_t k = i; k < n; ++k) xs[k - i] = x[k];
+    const __m256 xv = _mm256_load_ps(xs);
+    _mm256_store_ps(out, sin_fix_256(xv, sin_256(xv), big_lanes_256(xv, static_cast<int>(n - i))));
+    for (int64_t k = i; k < n; ++k) y[k] = out[k - i];
+  }
+}
+
 }  // namespace
 
 void sin_row(const float* x, float* y, int64_t n) {
   if (cpu_has_avx512()) {
     sin_row_avx512(x, y, n);
+    return;
+  }
+  if (cpu_has_avx2_fma()) {
+    sin_row_avx2(x, y, n);
     return;
   }
   for (int64_t i = 0; i < n; ++i) y[i] = std::sin(x[i]);
@@ -136,6 +231,13 @@ void snake_row(const float* x, float alpha, float inv, float* y, int64_t n, DTyp
       snake_row_avx512<true>(x, alpha, inv, y, n);
     else
       snake_row_avx512<false>(x, alpha, inv, y, n);
+    return;
+  }
+  if (cpu_has_avx2_fma()) {
+    if (bf)
+      snake_row_avx2<true>(x, alpha, inv, y, n);
+    else
+      snake_row_avx2<false>(x, alpha, inv, y, n);
     return;
   }
   for (int64_t t = 0; t < n; ++t) {
