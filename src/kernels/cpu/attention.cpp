@@ -582,6 +582,83 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
 
 #else  // portable fallback: the GEMM form above where it applies, else one (query, head) row at a time
 
+namespace {
+
+// simd.h's portable dot_f32 / dot_f32_bf16 / axpy with AVX2: its 8 accumulators are one ymm's lanes,
+// reduced in its tree order, so the same bits.
+template <bool BF>
+MM3_SIMD_AVX2 float dot_avx2(const float* a, const void* bv, int64_t n) {
+  const uint16_t* bh = static_cast<const uint16_t*>(bv);
+  const float* bf = static_cast<const float*>(bv);
+  __m256 acc = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    const __m256 b = BF ? _mm256_castsi256_ps(_mm256_slli_epi32(
+                              _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bh + k))), 16))
+                        : _mm256_loadu_ps(bf + k);
+    acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), b, acc);
+  }
+  alignas(32) float l[8];
+  _mm256_store_ps(l, acc);
+  for (; k < n; ++k) l[0] = std::fma(a[k], BF ? bf16_bits_to_f32(bh[k]) : bf[k], l[0]);
+  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+// dot_avx2 of a with 4 rows b0 + r·ldb (r < 4) at once: 4 independent FMA chains instead of one
+// latency-bound chain; each row's own chain and reduction are dot_avx2's, so the same bits.
+template <bool BF>
+MM3_SIMD_AVX2 void dot4_avx2(const float* a, const void* bv, int64_t ldb, int64_t n, float* out) {
+  const uint16_t* bh = static_cast<const uint16_t*>(bv);
+  const float* bf = static_cast<const float*>(bv);
+  auto ld = [&](int r, int64_t k) {
+    return BF ? _mm256_castsi256_ps(_mm256_slli_epi32(
+                    _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bh + r * ldb + k))), 16))
+              : _mm256_loadu_ps(bf + r * ldb + k);
+  };
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    const __m256 av = _mm256_loadu_ps(a + k);
+    acc[0] = _mm256_fmadd_ps(av, ld(0, k), acc[0]);
+    acc[1] = _mm256_fmadd_ps(av, ld(1, k), acc[1]);
+    acc[2] = _mm256_fmadd_ps(av, ld(2, k), acc[2]);
+    acc[3] = _mm256_fmadd_ps(av, ld(3, k), acc[3]);
+  }
+  for (int r = 0; r < 4; ++r) {
+    alignas(32) float l[8];
+    _mm256_store_ps(l, acc[r]);
+    for (int64_t kk = k; kk < n; ++kk)
+      l[0] = std::fma(a[kk], BF ? bf16_bits_to_f32(bh[r * ldb + kk]) : bf[r * ldb + kk], l[0]);
+    out[r] = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+  }
+}
+
+template <bool BF>
+MM3_SIMD_AVX2 void axpy_avx2(float a, const void* xv, float* y, int64_t n) {
+  const uint16_t* xh = static_cast<const uint16_t*>(xv);
+  const float* xf = static_cast<const float*>(xv);
+  const __m256 av = _mm256_set1_ps(a);
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    const __m256 x = BF ? _mm256_castsi256_ps(_mm256_slli_epi32(
+                              _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xh + k))), 16))
+                        : _mm256_loadu_ps(xf + k);
+    _mm256_storeu_ps(y + k, _mm256_fmadd_ps(av, x, _mm256_loadu_ps(y + k)));
+  }
+  for (; k < n; ++k) y[k] = std::fma(a, BF ? bf16_bits_to_f32(xh[k]) : xf[k], y[k]);
+}
+
+// A decode step reads each KV head's keys a whole cache row apart (2 KiB for the LM), so the
+// prefetchers, which stop at 4 KiB pages, leave most K / V lines to demand misses; the loops below
+// fetch the row kPfKeysP keys ahead (as the AVX-512 path does). Prefetches change no value.
+constexpr int64_t kPfKeysP = 16;
+inline void prefetch_span(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 3);
+}
+
+}  // namespace
+
 void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* k, const void* v, int64_t ldkv,
                DType kv_dtype, float* out, int64_t ldo, int64_t Sq, int64_t Skv, int Hq, int Hkv, int D, float scale,
                bool causal, int64_t q_pos0, DType store, int64_t kv_span) {
@@ -600,6 +677,8 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
   const float* vf = static_cast<const float*>(v);
   const uint16_t* kh = static_cast<const uint16_t*>(k);
   const uint16_t* vh = static_cast<const uint16_t*>(v);
+  const bool avx2 = detail::cpu_has_avx2_fma();
+  const int64_t elt = kb ? 2 : 4;
 
   const int64_t items = Sq * Hq;
   pool.parallel_for(
@@ -613,9 +692,29 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
           const int hk = h / group;
           const float* qr = q + i * ldq + int64_t(h) * D;
           const int64_t nk = causal ? std::min<int64_t>(Skv, q_pos0 + i + 1) : Skv;
-          for (int64_t j = 0; j < nk; ++j) {
+          int64_t j = 0;
+          if (avx2)
+            for (; j + 4 <= nk; j += 4) {
+              const int64_t off = j * ldkv + int64_t(hk) * D;
+              for (int r = 0; r < 4; ++r)
+                if (j + r + kPfKeysP < nk)
+                  prefetch_span(kb ? static_cast<const void*>(kh + off + (kPfKeysP + r) * ldkv)
+                                   : static_cast<const void*>(kf + off + (kPfKeysP + r) * ldkv),
+                                D * elt);
+              float d4[4];
+              if (kb)
+                dot4_avx2<true>(qr, kh + off, ldkv, D, d4);
+              else
+                dot4_avx2<false>(qr, kf + off, ldkv, D, d4);
+              for (int r = 0; r < 4; ++r) s[static_cast<size_t>(j + r)] = d4[r] * scale;
+            }
+          for (; j < nk; ++j) {
             const int64_t off = j * ldkv + int64_t(hk) * D;
-            const float d = kb ? detail::dot_f32_bf16(qr, kh + off, D) : detail::dot_f32(qr, kf + off, D);
+            if (j + kPfKeysP < nk) prefetch_span(kb ? static_cast<const void*>(kh + off + kPfKeysP * ldkv)
+                                                    : static_cast<const void*>(kf + off + kPfKeysP * ldkv),
+                                                 D * elt);
+            const float d = avx2 ? (kb ? dot_avx2<true>(qr, kh + off, D) : dot_avx2<false>(qr, kf + off, D))
+                                 : (kb ? detail::dot_f32_bf16(qr, kh + off, D) : detail::dot_f32(qr, kf + off, D));
             s[static_cast<size_t>(j)] = d * scale;
           }
           // The reference's block softmax (file header), with 16 emulated lanes.
@@ -650,10 +749,16 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
               for (float& x : acc) x *= al;
             for (int64_t j = j0; j < j1; ++j) {
               const int64_t off = j * ldkv + int64_t(hk) * D;
-              if (kb)
-                detail::axpy_bf16(s[static_cast<size_t>(j)], vh + off, acc.data(), D);
+              if (j + kPfKeysP < j1) prefetch_span(kb ? static_cast<const void*>(vh + off + kPfKeysP * ldkv)
+                                                      : static_cast<const void*>(vf + off + kPfKeysP * ldkv),
+                                                   D * elt);
+              const float e = s[static_cast<size_t>(j)];
+              if (avx2)
+                kb ? axpy_avx2<true>(e, vh + off, acc.data(), D) : axpy_avx2<false>(e, vf + off, acc.data(), D);
+              else if (kb)
+                detail::axpy_bf16(e, vh + off, acc.data(), D);
               else
-                detail::axpy_f32(s[static_cast<size_t>(j)], vf + off, acc.data(), D);
+                detail::axpy_f32(e, vf + off, acc.data(), D);
             }
           }
           const float inv = 1.0f / sum;
