@@ -200,6 +200,8 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16"))) void ge
   for (; n < n1; ++n) gemv_rows_bf16<M, 1>(xb, Kp, w, K, n, sums, N);
 }
 
+constexpr int64_t kGemvPfBytes = 1024;
+
 template <int M, bool WB>
 __attribute__((target("avx2,fma"))) void gemv_avx2(const float* x, int64_t ldx, const void* wp, int64_t K, int64_t n0,
                                                   int64_t n1, float* sums, int64_t N) {
@@ -217,6 +219,11 @@ __attribute__((target("avx2,fma"))) void gemv_avx2(const float* x, int64_t ldx, 
     };
     int64_t k = 0;
     for (; k + 16 <= K; k += 16) {
+      // The rows are contiguous: fetch kGemvPfBytes ahead of the stream, into the next row near the
+      // end (a prefetch changes no value, and never faults).
+      __builtin_prefetch(reinterpret_cast<const char*>(WB ? static_cast<const void*>(wb + k) : wf + k) + kGemvPfBytes, 0, 0);
+      if constexpr (!WB)
+        __builtin_prefetch(reinterpret_cast<const char*>(wf + k) + kGemvPfBytes + 32, 0, 0);
       __m256 w0 = load_w(k), w1 = load_w(k + 8);
       for (int m = 0; m < M; ++m) {
         a0[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * ldx + k), w0, a0[m]);

@@ -597,6 +597,12 @@ MM3_Q2_TARGET void gemv_avx2(const QuantActs& a, const QuantMatrix& w, int64_t n
     for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
     for (int64_t s = 0; s < S; ++s) {
       const int8_t* xs = a.xq.data() + s * kQuantSuper;
+      // Fetch 1 KiB ahead of the weight stream (rows are contiguous; measured on Zen 3 for the bf16
+      // GEMV: 25-35% faster than the hardware prefetchers alone). Prefetches change no value.
+      {
+        const char* ahead = reinterpret_cast<const char*>(qr) + (s + 1) * (I8 ? kQuantSuper : kQuantSuper / 2) + 1024;
+        for (int b = 0; b < (I8 ? 8 : 4); ++b) __builtin_prefetch(ahead + 64 * b, 0, 0);
+      }
       __m256i isum[M][2];
       if constexpr (I8) {
         for (int m = 0; m < M; ++m) isum[m][0] = isum[m][1] = _mm256_setzero_si256();
