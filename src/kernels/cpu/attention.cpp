@@ -352,7 +352,7 @@ void attention_item(const AttnItem& a, int64_t i0, int64_t nq, std::vector<float
 namespace {
 
 // Portable softmax_numerators: the reference's block softmax of the AVX-512 version above, its 16
-// lanes emulated (the same operations as the portable attention's inline loop below); with AVX2 the
+// lanes emulated (also the portable attention's row loop below); with AVX2 the
 // exponentials of whole 16-key groups go 8 at a time (exp20_v8 / fexp20_v8 equal their scalar twins
 // lane for lane, and each lane still adds its keys in order), so the bits are the same either way.
 MM3_SIMD_AVX2 void exp_group16_avx2(float* s, float m_new, bool bf, DType store, float* lanes) {
@@ -672,7 +672,6 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
   }
   const int group = Hq / Hkv;
   const bool kb = kv_dtype == DType::BF16;
-  const bool bf = store == DType::BF16;
   const float* kf = static_cast<const float*>(k);
   const float* vf = static_cast<const float*>(v);
   const uint16_t* kh = static_cast<const uint16_t*>(k);
@@ -685,7 +684,7 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
       items,
       [&](int64_t b, int64_t e) {
         std::vector<float> s(static_cast<size_t>(Skv));
-        std::vector<float> acc(static_cast<size_t>(D));
+        std::vector<float> acc(static_cast<size_t>(D)), alpha;
         for (int64_t it = b; it < e; ++it) {
           const int64_t i = it / Hq;
           const int h = static_cast<int>(it % Hq);
@@ -717,36 +716,16 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
                                  : (kb ? detail::dot_f32_bf16(qr, kh + off, D) : detail::dot_f32(qr, kf + off, D));
             s[static_cast<size_t>(j)] = d * scale;
           }
-          // The reference's block softmax (file header), with 16 emulated lanes.
-          float m_run = -std::numeric_limits<float>::infinity(), sum = 0.f;
+          // The reference's block softmax (file header): numerators in s, per-block rescales alpha.
+          const int64_t nblk = (nk + kRefKv - 1) / kRefKv;
+          alpha.resize(static_cast<size_t>(nblk));
+          float inv = 0.f;
+          softmax_numerators(s.data(), 0, 1, &nk, nblk, span, store, alpha.data(), &inv);
           std::fill(acc.begin(), acc.end(), 0.f);
-          for (int64_t j0 = 0; j0 < nk; j0 += kRefKv) {
+          for (int64_t j0 = 0, b = 0; j0 < nk; j0 += kRefKv, ++b) {
             const int64_t j1 = std::min(nk, j0 + kRefKv);
-            const int64_t bw = std::min<int64_t>(kRefKv, span - j0);
-            const int64_t vend = std::min(j1, j0 + bw / 16 * 16);
-            const int64_t vend2 = bf ? j0 + bw / 32 * 32 : j0;
-            float m_new = m_run;
-            for (int64_t j = j0; j < j1; ++j) m_new = std::max(m_new, s[static_cast<size_t>(j)]);
-            float lanes[3][16] = {};
-            for (int64_t j = j0; j < vend; ++j) {
-              const float x = s[static_cast<size_t>(j)] - m_new;
-              const float e = bf ? detail::fexp20(x) : detail::exp20(x);
-              const int slot = j < vend2 ? static_cast<int>(((j - j0) / 16) & 1) : 2;
-              lanes[slot][(j - j0) % 16] += e;
-              s[static_cast<size_t>(j)] = round_store(e, store);
-            }
-            for (int l = 0; l < 16; ++l) lanes[0][l] = (lanes[0][l] + lanes[2][l]) + lanes[1][l];
-            float bsum = tree_sum16(lanes[0]);
-            for (int64_t j = vend; j < j1; ++j) {
-              const float e = std::exp(s[static_cast<size_t>(j)] - m_new);
-              bsum += e;
-              s[static_cast<size_t>(j)] = round_store(e, store);
-            }
-            const float al = std::exp(m_run - m_new);
-            sum = std::fma(al, sum, bsum);
-            m_run = m_new;
             if (j0 > 0)
-              for (float& x : acc) x *= al;
+              for (float& x : acc) x *= alpha[static_cast<size_t>(b)];
             for (int64_t j = j0; j < j1; ++j) {
               const int64_t off = j * ldkv + int64_t(hk) * D;
               if (j + kPfKeysP < j1) prefetch_span(kb ? static_cast<const void*>(vh + off + kPfKeysP * ldkv)
@@ -761,7 +740,6 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
                 detail::axpy_f32(e, vf + off, acc.data(), D);
             }
           }
-          const float inv = 1.0f / sum;
           float* o = out + i * ldo + int64_t(h) * D;
           for (int d = 0; d < D; ++d) o[d] = round_store(acc[static_cast<size_t>(d)] * inv, store);
         }
