@@ -283,10 +283,11 @@ const TileF32* f32_tiles() {
                                     tile_f32_avx2<5>, tile_f32_avx2<6>, tile_f32_avx2<7>, tile_f32_avx2<8>};
   return cpu_has_avx512() ? avx : cpu_has_avx2_fma() ? avx2 : gen;
 }
-// Whether gemm_ex first copies A into [8-row block][k][8] panels for the tiles. The AVX2 tile
-// wants it: read in place, the rows of a row-major A (K = 8192: 32 KiB apart) all fall into one L1
-// set, and its 6 + 2-row sub-tiles kept missing on their broadcasts (gemm_f32_689x2048x8192 on Zen 3:
-// 88 -> 118 GFLOP/s with the panel). Copying changes no value.
+// Whether gemm_ex first copies A into [K block][8-row block][k][8] panels for the tiles. The AVX2
+// tile wants it: read in place, the rows of a row-major A (K = 8192: 32 KiB apart) all fall into one
+// L1 set, and its 6 + 2-row sub-tiles kept missing on their broadcasts (gemm_f32_689x2048x8192 on
+// Zen 3: 88 -> 104 GFLOP/s with the panels, the strip-major loop order and K blocks of 128 together).
+// Copying changes no value.
 bool f32_tiles_pack_a() { return !cpu_has_avx512() && cpu_has_avx2_fma(); }
 const TileBf16* bf16_tiles() {
   static const TileBf16 t[kMR] = {tile_bf16_avx512<1>, tile_bf16_avx512<2>, tile_bf16_avx512<3>,
@@ -462,17 +463,23 @@ void gemm_ex(const ThreadPool& pool, const float* A, int64_t a_rs, int64_t a_cs,
   const TileF32* tf = f32_tiles();
   const TileBf16* tb = use_bf16 ? bf16_tiles() : nullptr;
   // A copied once for all column panels as [K block][8-row block][k < kc_block][8] (rows past M:
-  // zeros): the row blocks of one K block are contiguous, so a sweep down all rows (the AVX2 loop
+  // unwritten, never read): the row blocks of one K block are contiguous, so a sweep down all rows (the AVX2 loop
   // order below) reads one stream. (As [row block][K][8], the row blocks' pieces of a K block were
   // K·32 bytes apart, 256 KiB for K = 8192, all in the same L2 sets.)
   const bool pack_a = !use_bf16 && f32_tiles_pack_a();
   const int64_t kc_block = pack_a ? kKC2 : kKC;
+  // The buffer is the calling thread's and keeps its pages between calls (fresh pages cost a fault and
+  // the kernel's zeroing each: ~6% of a DiT GEMM's samples), so up to the largest M·K floats seen
+  // (~50 MB: the LM prefill's down projection) stay allocated per calling thread.
   const int64_t mblocks = (M + kMR - 1) / kMR, kblocks = (K + kc_block - 1) / kc_block;
-  std::vector<float> Ap;
-  auto a_panel = [&](int64_t mb, int64_t kb) { return Ap.data() + (kb * mblocks + mb) * kc_block * kMR; };
+  thread_local std::vector<float> ap_buf;
+  float* Ap = nullptr;
+  auto a_panel = [&](int64_t mb, int64_t kb) { return Ap + (kb * mblocks + mb) * kc_block * kMR; };
   if (pack_a) {
     static_assert(kMR == 8 && kKC2 % 8 == 0, "the A panels are filled by 8 x 8 transposes");
-    Ap.assign(static_cast<size_t>(mblocks * kblocks * kc_block * kMR), 0.f);
+    const size_t need = static_cast<size_t>(mblocks * kblocks * kc_block * kMR);
+    if (ap_buf.size() < need) ap_buf.resize(need);
+    Ap = ap_buf.data();
     pool.parallel_for(
         mblocks,
         [&](int64_t b0, int64_t b1) {
