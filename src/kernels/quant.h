@@ -25,8 +25,8 @@
 //   mul, add). (d, m): candidate 0 is m = fp16(min w), d = fp16((max w − m) / 15); then twice a
 //   least-squares refit of (d, m) to the codes q(d, m) of the previous candidate (sums in double in k
 //   order; stop when the fit is degenerate or d <= 0), rounded to fp16; the candidate with the least
-//   Σ (w − value)² (double, k order; the first on ties) is stored. (Gaussian weights: 6 % lower RMS error than min/max alone.)
-//   qs row: Kp / 2 bytes. Superblock s is bytes [256s, 256s + 256): four 64-byte chunks c = 0..3; the
+//   Σ (w − value)² (double, k order; the first on ties) is stored. (Gaussian weights: 6 % lower RMS error than min/max
+//   alone.) qs row: Kp / 2 bytes. Superblock s is bytes [256s, 256s + 256): four 64-byte chunks c = 0..3; the
 //           low nibble of byte 64c + j is byte j of unpacked vector c, the high nibble byte j of
 //           unpacked vector c + 4, where the unpacked vectors v = 0..7 are laid out as for Int8
 //           (byte 4l + i of vector v = element 4v + i of block 16s + l), holding q (0..15).

@@ -263,8 +263,9 @@ TEST(KernelsAttention, Avx2ExpTwinsEqualScalar) {
   Rng rng(21);
   std::vector<float> xs = rng.vec(8192, -110.f, 100.f);
   for (float v : rng.vec(4096, -1.f, 1.f)) xs.push_back(v);
-  for (float v : {0.f, -0.f, 1e-30f, -1e-30f, -87.3365f, -87.3366f, -88.7f, 88.72f, 88.73f, -104.f, 200.f, -200.f,
-                  INFINITY, -INFINITY, NAN, -NAN, 3.4e38f, -3.4e38f, 1.00390625f, 1.01171875f})
+  for (float v :
+       {0.f,   -0.f,   1e-30f,   -1e-30f,   -87.3365f, -87.3366f, -88.7f,  88.72f,   88.73f,      -104.f,
+        200.f, -200.f, INFINITY, -INFINITY, NAN,       -NAN,      3.4e38f, -3.4e38f, 1.00390625f, 1.01171875f})
     xs.push_back(v);
   while (xs.size() % 8) xs.push_back(-3.f);
   int64_t bad = 0;

@@ -171,8 +171,12 @@ TEST(KernelsLinear, DeterministicAndThreadCountIndependent) {
 TEST(KernelsLinear, GemmIsOneSequentialFmaChain) {
   ThreadPool pool(2);
   Rng rng(31);
-  for (auto [M, K, N] : {std::tuple<int64_t, int64_t, int64_t>{5, 1, 3}, {8, 255, 33}, {9, 256, 31}, {13, 257, 64},
-                         {37, 700, 130}, {6, 513, 17}})
+  for (auto [M, K, N] : {std::tuple<int64_t, int64_t, int64_t>{5, 1, 3},
+                         {8, 255, 33},
+                         {9, 256, 31},
+                         {13, 257, 64},
+                         {37, 700, 130},
+                         {6, 513, 17}})
     for (DType wdt : {DType::F32, DType::BF16})
       for (DType store : {DType::F32, DType::BF16}) {
         if (wdt == DType::BF16 && store == DType::BF16) continue;  // bf16 pair dots where the CPU has them

@@ -365,8 +365,8 @@ MM3_SIMD_AVX2 void exp_group16_avx2(float* s, float m_new, bool bf, DType store,
   }
 }
 
-void softmax_numerators(float* S, int64_t lds, int rows, const int64_t* nk, int64_t nblk, int64_t kv_span,
-                        DType store, float* alpha, float* inv) {
+void softmax_numerators(float* S, int64_t lds, int rows, const int64_t* nk, int64_t nblk, int64_t kv_span, DType store,
+                        float* alpha, float* inv) {
   const bool bf = store == DType::BF16;
   const bool avx2 = detail::cpu_has_avx2_fma();
   for (int r = 0; r < rows; ++r) {
@@ -709,9 +709,10 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
             }
           for (; j < nk; ++j) {
             const int64_t off = j * ldkv + int64_t(hk) * D;
-            if (j + kPfKeysP < nk) prefetch_span(kb ? static_cast<const void*>(kh + off + kPfKeysP * ldkv)
-                                                    : static_cast<const void*>(kf + off + kPfKeysP * ldkv),
-                                                 D * elt);
+            if (j + kPfKeysP < nk)
+              prefetch_span(kb ? static_cast<const void*>(kh + off + kPfKeysP * ldkv)
+                               : static_cast<const void*>(kf + off + kPfKeysP * ldkv),
+                            D * elt);
             const float d = avx2 ? (kb ? dot_avx2<true>(qr, kh + off, D) : dot_avx2<false>(qr, kf + off, D))
                                  : (kb ? detail::dot_f32_bf16(qr, kh + off, D) : detail::dot_f32(qr, kf + off, D));
             s[static_cast<size_t>(j)] = d * scale;
@@ -728,9 +729,10 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
               for (float& x : acc) x *= alpha[static_cast<size_t>(b)];
             for (int64_t j = j0; j < j1; ++j) {
               const int64_t off = j * ldkv + int64_t(hk) * D;
-              if (j + kPfKeysP < j1) prefetch_span(kb ? static_cast<const void*>(vh + off + kPfKeysP * ldkv)
-                                                      : static_cast<const void*>(vf + off + kPfKeysP * ldkv),
-                                                   D * elt);
+              if (j + kPfKeysP < j1)
+                prefetch_span(kb ? static_cast<const void*>(vh + off + kPfKeysP * ldkv)
+                                 : static_cast<const void*>(vf + off + kPfKeysP * ldkv),
+                              D * elt);
               const float e = s[static_cast<size_t>(j)];
               if (avx2)
                 kb ? axpy_avx2<true>(e, vh + off, acc.data(), D) : axpy_avx2<false>(e, vf + off, acc.data(), D);

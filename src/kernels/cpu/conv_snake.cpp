@@ -135,10 +135,11 @@ MM3_SNAKE_AVX2 inline __m256 sin_256(__m256 x) {
   const __m256 sr = _mm256_fmadd_ps(_mm256_mul_ps(ps, z), r, r);
   __m256 pc = _mm256_fmadd_ps(_mm256_set1_ps(2.443315711809948e-5f), z, _mm256_set1_ps(-1.388731625493765e-3f));
   pc = _mm256_fmadd_ps(pc, z, _mm256_set1_ps(4.166664568298827e-2f));
-  const __m256 cr = _mm256_fmadd_ps(_mm256_mul_ps(pc, z), z, _mm256_fnmadd_ps(_mm256_set1_ps(0.5f), z, _mm256_set1_ps(1.f)));
+  const __m256 cr =
+      _mm256_fmadd_ps(_mm256_mul_ps(pc, z), z, _mm256_fnmadd_ps(_mm256_set1_ps(0.5f), z, _mm256_set1_ps(1.f)));
   const __m256i j = _mm256_cvtps_epi32(jf);
-  const __m256 odd = _mm256_castsi256_ps(
-      _mm256_cmpeq_epi32(_mm256_and_si256(j, _mm256_set1_epi32(1)), _mm256_set1_epi32(1)));
+  const __m256 odd =
+      _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(j, _mm256_set1_epi32(1)), _mm256_set1_epi32(1)));
   const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(j, _mm256_set1_epi32(2)), 30);
   const __m256 v = _mm256_blendv_ps(sr, cr, odd);
   return _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(v), sign));

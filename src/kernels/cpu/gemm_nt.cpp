@@ -49,8 +49,9 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) inline __m512 roun
 }
 
 template <int R>
-__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) inline void tile_store_512(__m512 (&c0)[R], __m512 (&c1)[R],
-                                                                               const TileArgs& t) {
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) inline void tile_store_512(__m512 (&c0)[R],
+                                                                                         __m512 (&c1)[R],
+                                                                                         const TileArgs& t) {
   const int n0 = std::min(t.nr, 16), n1 = std::max(t.nr - 16, 0);
   const __mmask16 m0 = n0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n0) - 1u);
   const __mmask16 m1 = n1 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n1) - 1u);
@@ -69,8 +70,9 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) inline void tile_s
 }
 
 template <int R>
-__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) void tile_f32_avx512(const float* A, int64_t a_rs, int64_t a_cs,
-                                                                          const float* Bp, const TileArgs& t) {
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) void tile_f32_avx512(const float* A, int64_t a_rs,
+                                                                                   int64_t a_cs, const float* Bp,
+                                                                                   const TileArgs& t) {
   __m512 c0[R], c1[R];
   if (t.first) {
     for (int r = 0; r < R; ++r) c0[r] = c1[r] = _mm512_setzero_ps();
@@ -98,9 +100,9 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) void tile_f32_avx5
 
 template <int R>
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16"))) void tile_bf16_avx512(const uint16_t* A16,
-                                                                                     int64_t lda16,
-                                                                                     const uint16_t* Bp,
-                                                                                     const TileArgs& t) {
+                                                                                               int64_t lda16,
+                                                                                               const uint16_t* Bp,
+                                                                                               const TileArgs& t) {
   __m512 c0[R], c1[R];
   if (t.first) {
     for (int r = 0; r < R; ++r) c0[r] = c1[r] = _mm512_setzero_ps();
@@ -211,7 +213,7 @@ MM3_GEMM_AVX2 inline __attribute__((always_inline)) void load_cols_avx2(__m256 (
 // k (perf annotate), which halved the rate.
 template <int RS, int W>
 MM3_GEMM_AVX2 inline void subtile_f32_avx2(const float* A, int64_t a_rs, int64_t a_cs, const float* Bp, float* C,
-                                          const TileArgs& t, int c0) {
+                                           const TileArgs& t, int c0) {
   static_assert(W == 2 || W == 4);
   const int nv = t.nr - c0;
   if (nv <= 0) return;
@@ -303,8 +305,8 @@ MM3_GEMM_AVX2 inline void transpose8x8_avx2(const void* const (&src)[8], float* 
   __m256 r[8];
   for (int i = 0; i < 8; ++i) {
     if constexpr (BF16)
-      r[i] = _mm256_castsi256_ps(_mm256_slli_epi32(
-          _mm256_cvtepu16_epi32(_mm_loadu_si128(static_cast<const __m128i*>(src[i]))), 16));
+      r[i] = _mm256_castsi256_ps(
+          _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(static_cast<const __m128i*>(src[i]))), 16));
     else
       r[i] = _mm256_loadu_ps(static_cast<const float*>(src[i]));
   }
@@ -523,14 +525,9 @@ void gemm_ex(const ThreadPool& pool, const float* A, int64_t a_rs, int64_t a_cs,
         auto tile = [&](int64_t m0, int64_t s) {
           const int r = static_cast<int>(std::min<int64_t>(kMR, me - m0));
           const int64_t ns = n0 + s * kNR;
-          TileArgs ta{kc,
-                      C + m0 * ldc + ns,
-                      ldc,
-                      static_cast<int>(std::min<int64_t>(kNR, N - ns)),
-                      k0 == 0,
-                      k0 + kc >= K,
-                      bias ? bias + ns : nullptr,
-                      store};
+          TileArgs ta{
+              kc,           C + m0 * ldc + ns,          ldc,  static_cast<int>(std::min<int64_t>(kNR, N - ns)), k0 == 0,
+              k0 + kc >= K, bias ? bias + ns : nullptr, store};
           if (use_bf16)
             tb[r - 1](A16.data() + m0 * Kp + k0, Kp, bufH.data() + s * ((kc + 1) / 2) * 2 * kNR, ta);
           else if (pack_a)

@@ -76,8 +76,9 @@ constexpr int gemv_chains(int M) { return M <= 2 ? 2 : 1; }
 
 template <int M, int NB, bool WB>
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) inline void gemv_rows_avx512(const float* x, int64_t ldx,
-                                                                                  const void* wp, int64_t K,
-                                                                                  int64_t n, float* sums, int64_t N) {
+                                                                                           const void* wp, int64_t K,
+                                                                                           int64_t n, float* sums,
+                                                                                           int64_t N) {
   constexpr int C = gemv_chains(M);
   auto wrow = [&](int i, int64_t off, __mmask16 msk, bool full) -> __m512 {
     if constexpr (WB) {
@@ -130,9 +131,9 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) inline void gemv_r
 }
 
 template <int M, bool WB>
-__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) void gemv_avx512(const float* x, int64_t ldx, const void* wp,
-                                                                      int64_t K, int64_t n0, int64_t n1,
-                                                                      float* sums, int64_t N) {
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) void gemv_avx512(const float* x, int64_t ldx,
+                                                                               const void* wp, int64_t K, int64_t n0,
+                                                                               int64_t n1, float* sums, int64_t N) {
   int64_t n = n0;
   for (; n + kGemvNB <= n1; n += kGemvNB) gemv_rows_avx512<M, kGemvNB, WB>(x, ldx, wp, K, n, sums, N);
   for (; n < n1; ++n) gemv_rows_avx512<M, 1, WB>(x, ldx, wp, K, n, sums, N);
@@ -142,11 +143,8 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) void gemv_avx512(c
 // Products of bf16 values are exact in fp32, so this is an fp32-accumulated dot product like the
 // others, only with a different (fixed) summation order. Blocks are 32 bf16 (16 pairs).
 template <int M, int NB>
-__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16"))) inline void gemv_rows_bf16(const uint16_t* xb,
-                                                                                           int64_t Kp,
-                                                                                           const uint16_t* w,
-                                                                                           int64_t K, int64_t n,
-                                                                                           float* sums, int64_t N) {
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16"))) inline void gemv_rows_bf16(
+    const uint16_t* xb, int64_t Kp, const uint16_t* w, int64_t K, int64_t n, float* sums, int64_t N) {
   constexpr int C = gemv_chains(M);
   __m512 acc[NB][M][C];
   for (int i = 0; i < NB; ++i)
@@ -191,10 +189,8 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16"))) inline 
 }
 
 template <int M>
-__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16"))) void gemv_avx512bf16(const uint16_t* xb, int64_t Kp,
-                                                                                     const uint16_t* w, int64_t K,
-                                                                                     int64_t n0, int64_t n1,
-                                                                                     float* sums, int64_t N) {
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16"))) void gemv_avx512bf16(
+    const uint16_t* xb, int64_t Kp, const uint16_t* w, int64_t K, int64_t n0, int64_t n1, float* sums, int64_t N) {
   int64_t n = n0;
   for (; n + kGemvNB <= n1; n += kGemvNB) gemv_rows_bf16<M, kGemvNB>(xb, Kp, w, K, n, sums, N);
   for (; n < n1; ++n) gemv_rows_bf16<M, 1>(xb, Kp, w, K, n, sums, N);
@@ -221,9 +217,9 @@ __attribute__((target("avx2,fma"))) void gemv_avx2(const float* x, int64_t ldx, 
     for (; k + 16 <= K; k += 16) {
       // The rows are contiguous: fetch kGemvPfBytes ahead of the stream, into the next row near the
       // end (a prefetch changes no value, and never faults).
-      __builtin_prefetch(reinterpret_cast<const char*>(WB ? static_cast<const void*>(wb + k) : wf + k) + kGemvPfBytes, 0, 0);
-      if constexpr (!WB)
-        __builtin_prefetch(reinterpret_cast<const char*>(wf + k) + kGemvPfBytes + 32, 0, 0);
+      __builtin_prefetch(reinterpret_cast<const char*>(WB ? static_cast<const void*>(wb + k) : wf + k) + kGemvPfBytes,
+                         0, 0);
+      if constexpr (!WB) __builtin_prefetch(reinterpret_cast<const char*>(wf + k) + kGemvPfBytes + 32, 0, 0);
       __m256 w0 = load_w(k), w1 = load_w(k + 8);
       for (int m = 0; m < M; ++m) {
         a0[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * ldx + k), w0, a0[m]);

@@ -346,7 +346,8 @@ namespace {
 // quantize_acts with AVX-512: the same operations lane for lane (|x| max, the two fp32 divisions, the
 // product, round-half-even conversion, clamp, integer sum), so the same bytes as the scalar loop.
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) void quantize_acts_avx512(const float* x, int64_t M,
-                                                                               int64_t ldx, int64_t K, QuantActs& a) {
+                                                                                        int64_t ldx, int64_t K,
+                                                                                        QuantActs& a) {
   const int64_t Kp = a.Kp, nblk = Kp / kQuantBlock;
   const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
   const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
@@ -577,7 +578,7 @@ bool cpu_has_vnni() {
 #define MM3_Q2_TARGET __attribute__((target("avx2,fma,f16c")))
 
 MM3_Q2_TARGET inline float lane_tree_v2(__m256 lo, __m256 hi) {
-  const __m256 t8 = _mm256_add_ps(lo, hi);                                // t8_i = acc_i + acc_{i+8}
+  const __m256 t8 = _mm256_add_ps(lo, hi);  // t8_i = acc_i + acc_{i+8}
   const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
   const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
   return _mm_cvtss_f32(_mm_add_ss(t2, _mm_movehdup_ps(t2)));
@@ -654,10 +655,14 @@ MM3_Q2_TARGET void gemv_avx2(const QuantActs& a, const QuantMatrix& w, int64_t n
 template <bool I8>
 GemvFn pick_avx2(int64_t M) {
   switch (M) {
-    case 1: return gemv_avx2<1, I8>;
-    case 2: return gemv_avx2<2, I8>;
-    case 3: return gemv_avx2<3, I8>;
-    default: return gemv_avx2<4, I8>;
+    case 1:
+      return gemv_avx2<1, I8>;
+    case 2:
+      return gemv_avx2<2, I8>;
+    case 3:
+      return gemv_avx2<3, I8>;
+    default:
+      return gemv_avx2<4, I8>;
   }
 }
 
@@ -673,7 +678,8 @@ bool quant_isa_available(QuantIsa isa) {
     case QuantIsa::Auto:
     case QuantIsa::Scalar: return true;
     case QuantIsa::Avx512Vnni: return cpu_has_vnni();
-    case QuantIsa::Avx2: return cpu_has_quant_avx2();
+    case QuantIsa::Avx2:
+      return cpu_has_quant_avx2();
   }
   return false;
 }
