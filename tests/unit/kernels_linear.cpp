@@ -176,7 +176,9 @@ TEST(KernelsLinear, GemmIsOneSequentialFmaChain) {
                          {9, 256, 31},
                          {13, 257, 64},
                          {37, 700, 130},
-                         {6, 513, 17}})
+                         {6, 513, 17},
+                         {10, 129, 40},  // row tails of 4 for the 6-row AVX2 tile
+                         {22, 136, 47}})
     for (DType wdt : {DType::F32, DType::BF16})
       for (DType store : {DType::F32, DType::BF16}) {
         if (wdt == DType::BF16 && store == DType::BF16) continue;  // bf16 pair dots where the CPU has them

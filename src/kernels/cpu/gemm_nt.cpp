@@ -21,7 +21,8 @@ namespace mm3::kern::detail {
 
 namespace {
 
-constexpr int kMR = 8;     // rows per register tile
+constexpr int kMR = 8;     // rows per register tile (AVX-512 and portable tiles)
+constexpr int kMR2 = 6;    // rows per AVX2 tile: two 6 x 16 passes over a 32-column strip
 constexpr int kNR = 32;    // columns per register tile (two zmm)
 constexpr int kKC = 256;   // k per packed block (even: bf16 pairs never straddle blocks)
 constexpr int kKC2 = 128;  // the AVX2 tiles' block: a 32-column strip of it (16 KiB) stays in a 32 KiB L1
@@ -153,11 +154,12 @@ void tile_f32_generic(const float* A, int64_t a_rs, int64_t a_cs, const float* B
 }
 
 // ---- fp32 FMA tile, AVX2 (CPUs without AVX-512) ----
-// 16 ymm registers do not hold an 8 x 32 tile, so the tile is walked in sub-tiles of RS rows x W ymm
-// columns with 8..12 accumulators (enough independent FMA chains for 2 FMA pipes of latency 4-5),
-// the shape of the classic 6 x 16 AVX2 kernels where it fits: 8 rows = two 6 x 16 sub-tiles + one
-// 2 x 32. Each output is still the same single sequential FMA chain over k, so the bits equal the
-// other tiles'.
+// 16 ymm registers do not hold an 8 x 32 tile. The AVX2 tile is 6 rows, walked as two 6 x 16 passes
+// (12 accumulators: enough independent FMA chains for 2 FMA pipes of latency 4-5), the shape of the
+// classic AVX2 kernels. Its A is always a packed panel, A[k * 6 + r] (see gemm_ex). Each output is
+// still the same single sequential FMA chain over k, so the bits equal the other tiles'.
+// (The earlier 8-row tile, 2 x (6 x 16) + one 2 x 32 pass, ran ~63 GFLOP/s per core on L1-resident
+// data vs ~85 for 6 x 16 alone on Zen 3: the 2 x 32 pass has only 8 chains and 6 loads per 8 FMAs.)
 
 #define MM3_GEMM_AVX2 __attribute__((target("avx2,fma")))
 
@@ -207,17 +209,17 @@ MM3_GEMM_AVX2 inline __attribute__((always_inline)) void load_cols_avx2(__m256 (
   }
 }
 
-// Rows [0, RS) of the tile at A / C, columns [c0, c0 + 8W) of the 32-column strip (W = 2 or 4). One
-// named accumulator array per column vector, every loop over rows unrolled and no pointer to them
-// taken: otherwise GCC kept the accumulators in registers but also stored them to the stack on every
-// k (perf annotate), which halved the rate.
+// Rows [0, RS) of the tile (packed A panel Ap[k * kMR2 + r]), columns [c0, c0 + 8W) of the 32-column
+// strip (W = 2 or 4). One named accumulator array per column vector, every loop over rows unrolled
+// and no pointer to them taken: otherwise GCC kept the accumulators in registers but also stored
+// them to the stack on every k (perf annotate), which halved the rate.
 template <int RS, int W>
-MM3_GEMM_AVX2 inline void subtile_f32_avx2(const float* A, int64_t a_rs, int64_t a_cs, const float* Bp, float* C,
-                                           const TileArgs& t, int c0) {
-  static_assert(W == 2 || W == 4);
+MM3_GEMM_AVX2 inline void subtile_f32_avx2(const float* Ap, const float* Bp, const TileArgs& t, int c0) {
+  static_assert((W == 2 || W == 4) && RS <= kMR2);
   const int nv = t.nr - c0;
   if (nv <= 0) return;
   const int64_t kc = t.kc, ldc = t.ldc;
+  float* C = t.C;
   __m256 x0[RS], x1[RS], x2[RS], x3[RS];
   if (t.first) {
 #pragma GCC unroll 8
@@ -231,24 +233,25 @@ MM3_GEMM_AVX2 inline void subtile_f32_avx2(const float* A, int64_t a_rs, int64_t
     }
   }
   const float* b = Bp + c0;
-  for (int64_t k = 0; k < kc; ++k, b += kNR) {
+  const float* a = Ap;
+  for (int64_t k = 0; k < kc; ++k, b += kNR, a += kMR2) {
     const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
     if constexpr (W == 4) {
       const __m256 b2 = _mm256_loadu_ps(b + 16), b3 = _mm256_loadu_ps(b + 24);
 #pragma GCC unroll 8
       for (int r = 0; r < RS; ++r) {
-        const __m256 a = _mm256_broadcast_ss(A + r * a_rs + k * a_cs);
-        x0[r] = _mm256_fmadd_ps(a, b0, x0[r]);
-        x1[r] = _mm256_fmadd_ps(a, b1, x1[r]);
-        x2[r] = _mm256_fmadd_ps(a, b2, x2[r]);
-        x3[r] = _mm256_fmadd_ps(a, b3, x3[r]);
+        const __m256 ar = _mm256_broadcast_ss(a + r);
+        x0[r] = _mm256_fmadd_ps(ar, b0, x0[r]);
+        x1[r] = _mm256_fmadd_ps(ar, b1, x1[r]);
+        x2[r] = _mm256_fmadd_ps(ar, b2, x2[r]);
+        x3[r] = _mm256_fmadd_ps(ar, b3, x3[r]);
       }
     } else {
 #pragma GCC unroll 8
       for (int r = 0; r < RS; ++r) {
-        const __m256 a = _mm256_broadcast_ss(A + r * a_rs + k * a_cs);
-        x0[r] = _mm256_fmadd_ps(a, b0, x0[r]);
-        x1[r] = _mm256_fmadd_ps(a, b1, x1[r]);
+        const __m256 ar = _mm256_broadcast_ss(a + r);
+        x0[r] = _mm256_fmadd_ps(ar, b0, x0[r]);
+        x1[r] = _mm256_fmadd_ps(ar, b1, x1[r]);
       }
     }
   }
@@ -260,19 +263,20 @@ MM3_GEMM_AVX2 inline void subtile_f32_avx2(const float* A, int64_t a_rs, int64_t
   }
 }
 
+// R (<= 6) rows x the 32-column strip. Rows fewer than 4 (a tail) take the strip in one pass of
+// R x 32 (4R accumulators) rather than two of R x 16.
 template <int R>
-MM3_GEMM_AVX2 void tile_f32_avx2(const float* A, int64_t a_rs, int64_t a_cs, const float* Bp, const TileArgs& t) {
+MM3_GEMM_AVX2 void tile_f32_avx2(const float* Ap, const float* Bp, const TileArgs& t) {
   if constexpr (R <= 3) {
-    subtile_f32_avx2<R, 4>(A, a_rs, a_cs, Bp, t.C, t, 0);
+    subtile_f32_avx2<R, 4>(Ap, Bp, t, 0);
   } else {
-    constexpr int R0 = R < 6 ? R : 6, R1 = R - R0;  // R0 rows as 2 halves of 16 columns, then R1 <= 2 rows x 32
-    subtile_f32_avx2<R0, 2>(A, a_rs, a_cs, Bp, t.C, t, 0);
-    subtile_f32_avx2<R0, 2>(A, a_rs, a_cs, Bp, t.C, t, 16);
-    if constexpr (R1 > 0) subtile_f32_avx2<R1, 4>(A + R0 * a_rs, a_rs, a_cs, Bp, t.C + R0 * t.ldc, t, 0);
+    subtile_f32_avx2<R, 2>(Ap, Bp, t, 0);
+    subtile_f32_avx2<R, 2>(Ap, Bp, t, 16);
   }
 }
 
 using TileF32 = void (*)(const float*, int64_t, int64_t, const float*, const TileArgs&);
+using TilePacked = void (*)(const float*, const float*, const TileArgs&);
 using TileBf16 = void (*)(const uint16_t*, int64_t, const uint16_t*, const TileArgs&);
 
 const TileF32* f32_tiles() {
@@ -281,16 +285,14 @@ const TileF32* f32_tiles() {
   static const TileF32 gen[kMR] = {tile_f32_generic<1>, tile_f32_generic<2>, tile_f32_generic<3>,
                                    tile_f32_generic<4>, tile_f32_generic<5>, tile_f32_generic<6>,
                                    tile_f32_generic<7>, tile_f32_generic<8>};
-  static const TileF32 avx2[kMR] = {tile_f32_avx2<1>, tile_f32_avx2<2>, tile_f32_avx2<3>, tile_f32_avx2<4>,
-                                    tile_f32_avx2<5>, tile_f32_avx2<6>, tile_f32_avx2<7>, tile_f32_avx2<8>};
-  return cpu_has_avx512() ? avx : cpu_has_avx2_fma() ? avx2 : gen;
+  return cpu_has_avx512() ? avx : gen;
 }
-// Whether gemm_ex first copies A into [K block][8-row block][k][8] panels for the tiles. The AVX2
-// tile wants it: read in place, the rows of a row-major A (K = 8192: 32 KiB apart) all fall into one
-// L1 set, and its 6 + 2-row sub-tiles kept missing on their broadcasts (gemm_f32_689x2048x8192 on
-// Zen 3: 88 -> 104 GFLOP/s with the panels, the strip-major loop order and K blocks of 128 together).
-// Copying changes no value.
-bool f32_tiles_pack_a() { return !cpu_has_avx512() && cpu_has_avx2_fma(); }
+// The AVX2 tiles, on packed A panels; null where they do not run (AVX-512 or no AVX2/FMA).
+const TilePacked* f32_tiles_packed() {
+  static const TilePacked avx2[kMR2] = {tile_f32_avx2<1>, tile_f32_avx2<2>, tile_f32_avx2<3>,
+                                        tile_f32_avx2<4>, tile_f32_avx2<5>, tile_f32_avx2<6>};
+  return !cpu_has_avx512() && cpu_has_avx2_fma() ? avx2 : nullptr;
+}
 const TileBf16* bf16_tiles() {
   static const TileBf16 t[kMR] = {tile_bf16_avx512<1>, tile_bf16_avx512<2>, tile_bf16_avx512<3>,
                                   tile_bf16_avx512<4>, tile_bf16_avx512<5>, tile_bf16_avx512<6>,
@@ -298,10 +300,12 @@ const TileBf16* bf16_tiles() {
   return t;
 }
 
-// dst[k * ldd + i] = src_i[k] for i < 8, k < 8: an 8 x 8 transpose of 8 rows (fp32 values, or bf16
-// bits widened exactly) with AVX2. Copies values only.
-template <bool BF16>
+// dst[k * ldd + i] = src_i[k] for i < LANES, k < 8: an 8 x 8 transpose of 8 rows (fp32 values, or
+// bf16 bits widened exactly) with AVX2, of which the first LANES (8 or 6) rows are stored. Copies
+// values only.
+template <bool BF16, int LANES = 8>
 MM3_GEMM_AVX2 inline void transpose8x8_avx2(const void* const (&src)[8], float* dst, int64_t ldd) {
+  static_assert(LANES == 8 || LANES == 6);
   __m256 r[8];
   for (int i = 0; i < 8; ++i) {
     if constexpr (BF16)
@@ -323,8 +327,16 @@ MM3_GEMM_AVX2 inline void transpose8x8_avx2(const void* const (&src)[8], float* 
     u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
   }
   for (int i = 0; i < 4; ++i) {  // 128-bit halves: column i and i + 4
-    _mm256_storeu_ps(dst + i * ldd, _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
-    _mm256_storeu_ps(dst + (i + 4) * ldd, _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
+    const __m256 lo = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20), hi = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+    if constexpr (LANES == 8) {
+      _mm256_storeu_ps(dst + i * ldd, lo);
+      _mm256_storeu_ps(dst + (i + 4) * ldd, hi);
+    } else {  // lanes 0..3, then 4..5
+      _mm_storeu_ps(dst + i * ldd, _mm256_castps256_ps128(lo));
+      _mm_storel_pi(reinterpret_cast<__m64*>(dst + i * ldd + 4), _mm256_extractf128_ps(lo, 1));
+      _mm_storeu_ps(dst + (i + 4) * ldd, _mm256_castps256_ps128(hi));
+      _mm_storel_pi(reinterpret_cast<__m64*>(dst + (i + 4) * ldd + 4), _mm256_extractf128_ps(hi, 1));
+    }
   }
 }
 
@@ -459,46 +471,50 @@ void gemm_ex(const ThreadPool& pool, const float* A, int64_t a_rs, int64_t a_cs,
   const int64_t want = 2 * pool.size();
   int64_t chunks = panels >= want ? 1 : (want + panels - 1) / panels;
   chunks = std::max<int64_t>(1, std::min(chunks, (M + 63) / 64));
-  const int64_t mc = ((M + chunks - 1) / chunks + kMR - 1) / kMR * kMR;
-  chunks = (M + mc - 1) / mc;
-
   const TileF32* tf = f32_tiles();
   const TileBf16* tb = use_bf16 ? bf16_tiles() : nullptr;
-  // A copied once for all column panels as [K block][8-row block][k < kc_block][8] (rows past M:
-  // unwritten, never read): the row blocks of one K block are contiguous, so a sweep down all rows (the AVX2 loop
-  // order below) reads one stream. (As [row block][K][8], the row blocks' pieces of a K block were
-  // K·32 bytes apart, 256 KiB for K = 8192, all in the same L2 sets.)
-  const bool pack_a = !use_bf16 && f32_tiles_pack_a();
+  // The AVX2 tiles read A from panels copied once for all column panels, [K block][6-row block][k <
+  // kc_block][6] (rows past M: unwritten, never read). Read in place, the rows of a row-major A (K =
+  // 8192: 32 KiB apart) all fall into one L1 set and the broadcasts kept missing; the row blocks of one
+  // K block are contiguous, so a sweep down all rows (the AVX2 loop order below) reads one stream.
+  // (As [row block][K][6], the row blocks' pieces of a K block were K·24 bytes apart, all in the same
+  // L2 sets.) Copying changes no value.
+  const TilePacked* tp = use_bf16 ? nullptr : f32_tiles_packed();
+  const bool pack_a = tp != nullptr;
+  const int64_t mr = pack_a ? kMR2 : kMR;  // rows per tile
   const int64_t kc_block = pack_a ? kKC2 : kKC;
+  const int64_t mc = ((M + chunks - 1) / chunks + mr - 1) / mr * mr;
+  chunks = (M + mc - 1) / mc;
   // The buffer is the calling thread's and keeps its pages between calls (fresh pages cost a fault and
   // the kernel's zeroing each: ~6% of a DiT GEMM's samples), so up to the largest M·K floats seen
   // (~50 MB: the LM prefill's down projection) stay allocated per calling thread.
-  const int64_t mblocks = (M + kMR - 1) / kMR, kblocks = (K + kc_block - 1) / kc_block;
+  const int64_t mblocks = (M + mr - 1) / mr, kblocks = (K + kc_block - 1) / kc_block;
   thread_local std::vector<float> ap_buf;
   float* Ap = nullptr;
-  auto a_panel = [&](int64_t mb, int64_t kb) { return Ap + (kb * mblocks + mb) * kc_block * kMR; };
+  auto a_panel = [&](int64_t mb, int64_t kb) { return Ap + (kb * mblocks + mb) * kc_block * kMR2; };
   if (pack_a) {
-    static_assert(kMR == 8 && kKC2 % 8 == 0, "the A panels are filled by 8 x 8 transposes");
-    const size_t need = static_cast<size_t>(mblocks * kblocks * kc_block * kMR);
+    static_assert(kMR2 == 6 && kKC2 % 8 == 0, "the A panels are filled by 8 x 8 transposes storing 6 lanes");
+    const size_t need = static_cast<size_t>(mblocks * kblocks * kc_block * kMR2);
     if (ap_buf.size() < need) ap_buf.resize(need);
     Ap = ap_buf.data();
     pool.parallel_for(
         mblocks,
         [&](int64_t b0, int64_t b1) {
           for (int64_t b = b0; b < b1; ++b) {
-            const bool whole = a_cs == 1 && b * kMR + kMR <= M;
+            const int64_t r0 = b * kMR2;
+            const bool whole = a_cs == 1 && r0 + kMR2 <= M;
             for (int64_t kb = 0; kb < kblocks; ++kb) {
               float* dst = a_panel(b, kb);
               const int64_t k0 = kb * kc_block, kc = std::min(kc_block, K - k0);
               int64_t k = 0;
-              if (whole)  // 8 whole rows: 8 x 8 transposes
+              if (whole)  // 6 whole rows: 8 x 8 transposes of them and 2 repeats of the last, 6 lanes stored
                 for (; k + 8 <= kc; k += 8) {
                   const void* src[8];
-                  for (int i = 0; i < 8; ++i) src[i] = A + (b * kMR + i) * a_rs + k0 + k;
-                  transpose8x8_avx2<false>(src, dst + k * kMR, kMR);
+                  for (int i = 0; i < 8; ++i) src[i] = A + (r0 + std::min(i, kMR2 - 1)) * a_rs + k0 + k;
+                  transpose8x8_avx2<false, kMR2>(src, dst + k * kMR2, kMR2);
                 }
-              for (int64_t i = 0; i < kMR && b * kMR + i < M; ++i)
-                for (int64_t kk = k; kk < kc; ++kk) dst[kk * kMR + i] = A[(b * kMR + i) * a_rs + (k0 + kk) * a_cs];
+              for (int64_t i = 0; i < kMR2 && r0 + i < M; ++i)
+                for (int64_t kk = k; kk < kc; ++kk) dst[kk * kMR2 + i] = A[(r0 + i) * a_rs + (k0 + kk) * a_cs];
             }
           }
         },
@@ -523,7 +539,7 @@ void gemm_ex(const ThreadPool& pool, const float* A, int64_t a_rs, int64_t a_cs,
           pack_f32(B, b_dtype, ldb, b_kmajor, N, n0, nc, k0, kc, bufF.data());
         }
         auto tile = [&](int64_t m0, int64_t s) {
-          const int r = static_cast<int>(std::min<int64_t>(kMR, me - m0));
+          const int r = static_cast<int>(std::min<int64_t>(mr, me - m0));
           const int64_t ns = n0 + s * kNR;
           TileArgs ta{
               kc,           C + m0 * ldc + ns,          ldc,  static_cast<int>(std::min<int64_t>(kNR, N - ns)), k0 == 0,
@@ -531,7 +547,7 @@ void gemm_ex(const ThreadPool& pool, const float* A, int64_t a_rs, int64_t a_cs,
           if (use_bf16)
             tb[r - 1](A16.data() + m0 * Kp + k0, Kp, bufH.data() + s * ((kc + 1) / 2) * 2 * kNR, ta);
           else if (pack_a)
-            tf[r - 1](a_panel(m0 / kMR, k0 / kc_block), 1, kMR, bufF.data() + s * kc * kNR, ta);
+            tp[r - 1](a_panel(m0 / kMR2, k0 / kc_block), bufF.data() + s * kc * kNR, ta);
           else
             tf[r - 1](A + m0 * a_rs + k0 * a_cs, a_rs, a_cs, bufF.data() + s * kc * kNR, ta);
         };
@@ -539,9 +555,9 @@ void gemm_ex(const ThreadPool& pool, const float* A, int64_t a_rs, int64_t a_cs,
         // packed A streams in order; the AVX-512 ones walk the strips of each row block.
         if (pack_a)
           for (int64_t s = 0; s < strips; ++s)
-            for (int64_t m0 = ms; m0 < me; m0 += kMR) tile(m0, s);
+            for (int64_t m0 = ms; m0 < me; m0 += mr) tile(m0, s);
         else
-          for (int64_t m0 = ms; m0 < me; m0 += kMR)
+          for (int64_t m0 = ms; m0 < me; m0 += mr)
             for (int64_t s = 0; s < strips; ++s) tile(m0, s);
       }
     }
