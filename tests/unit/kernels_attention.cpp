@@ -35,6 +35,8 @@ const AttnCase kAttn[] = {
     {7, 13, 4, 4, 24, false, 0},  // bidirectional, Hq == Hkv
     {6, 9, 2, 1, 33, false, 0},   // odd head dim, MQA
     {2, 40, 3, 3, 256, true, 38}, // depth-decoder head dim
+    {1, 50, 12, 2, 32, true, 49}, // GQA 6:1 (the AVX2 decode path's 4 + 2 heads per group)
+    {3, 20, 9, 3, 16, true, 17},  // GQA 3:1
     // >= 16 rows per KV head take the transposed-K path (the cases above take direct dot products)
     {20, 20, 4, 2, 16, true, 0},   // prefill
     {9, 33, 8, 2, 24, true, 24},   // chunk after a cache, GQA 4:1
@@ -128,7 +130,9 @@ TEST(KernelsAttention, MatchesRef) {
 TEST(KernelsAttention, ThreadCountIndependent) {
   ThreadPool p1(1), p2(2);
   Rng rng(7);
-  for (const AttnCase c : {AttnCase{9, 21, 4, 2, 32, true, 12}, AttnCase{130, 600, 4, 2, 40, false, 0},
+  // (1, 300, 32, 8, 64): a decode step, its KV heads one block on one thread and two on two (AVX2 path)
+  for (const AttnCase c : {AttnCase{9, 21, 4, 2, 32, true, 12}, AttnCase{1, 300, 32, 8, 64, true, 299},
+                           AttnCase{130, 600, 4, 2, 40, false, 0},
                             AttnCase{100, 700, 3, 3, 40, false, 0}})
     for (DType store : {DType::F32, DType::BF16}) {
       SCOPED_TRACE(::testing::Message() << "Sq=" << c.Sq << " store=" << test::store_name(store));

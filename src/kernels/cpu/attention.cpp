@@ -13,7 +13,9 @@
 // these steps is what makes a bf16 run land on the reference's bits (e2e golden cases); with store
 // F32 nothing is rounded and the result is within a few ulps of the exact softmax.
 // The AVX-512 path blocks 4 query rows x 64 keys (scores from a transposed f32 copy of K) and
-// 4 rows x 64 dims (P·V); the portable path walks one (query, head) row at a time. Both take the
+// 4 rows x 64 dims (P·V); the portable path walks (query row, block of KV heads) items with AVX2
+// (every K / V row piece loaded once for all the query heads reading it), else one (query, head)
+// row at a time. Both take the
 // GEMM form (attention_gemm: gemm_ex products, AVX2 tiles on CPUs without AVX-512) for bidirectional
 // attention over many rows with F32 K / V (the DiT). In both every
 // output is one sequential FMA chain over the keys, so the thread count never changes a bit.
@@ -584,77 +586,108 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
 
 namespace {
 
-// simd.h's portable dot_f32 / dot_f32_bf16 / axpy with AVX2: its 8 accumulators are one ymm's lanes,
-// reduced in its tree order, so the same bits.
-template <bool BF>
-MM3_SIMD_AVX2 float dot_avx2(const float* a, const void* bv, int64_t n) {
-  const uint16_t* bh = static_cast<const uint16_t*>(bv);
-  const float* bf = static_cast<const float*>(bv);
-  __m256 acc = _mm256_setzero_ps();
-  int64_t k = 0;
-  for (; k + 8 <= n; k += 8) {
-    const __m256 b = BF ? _mm256_castsi256_ps(_mm256_slli_epi32(
-                              _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bh + k))), 16))
-                        : _mm256_loadu_ps(bf + k);
-    acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), b, acc);
-  }
-  alignas(32) float l[8];
-  _mm256_store_ps(l, acc);
-  for (; k < n; ++k) l[0] = std::fma(a[k], BF ? bf16_bits_to_f32(bh[k]) : bf[k], l[0]);
-  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-}
+// ---- AVX2: one item = (query row i, a block of HB KV heads) with all their query heads ----
+// Each K / V row piece of the block (HB·D contiguous values) is loaded once for all heads that read
+// it, key after key: the per-(row, head) loop read each piece once per query head, 256 B of a 2 KiB
+// cache row at a time, and waited on its lines (attention_lm_decode_513 ~45-50 ms, 3 GB/s). The
+// operations per output are those of the portable loop: a score is dot_f32's 8-lane FMA chain over
+// the head dims reduced ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)) (VHADDPS twice gives exactly that tree),
+// times scale; P.V is axpy's fma(e, v, acc) per key in order. So the same bits, whatever the blocks.
+// Needs D % 8 == 0.
 
-// dot_avx2 of a with 4 rows b0 + r·ldb (r < 4) at once: 4 independent FMA chains instead of one
-// latency-bound chain; each row's own chain and reduction are dot_avx2's, so the same bits.
-template <bool BF>
-MM3_SIMD_AVX2 void dot4_avx2(const float* a, const void* bv, int64_t ldb, int64_t n, float* out) {
-  const uint16_t* bh = static_cast<const uint16_t*>(bv);
-  const float* bf = static_cast<const float*>(bv);
-  auto ld = [&](int r, int64_t k) {
-    return BF ? _mm256_castsi256_ps(_mm256_slli_epi32(
-                    _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bh + r * ldb + k))), 16))
-              : _mm256_loadu_ps(bf + r * ldb + k);
-  };
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  int64_t k = 0;
-  for (; k + 8 <= n; k += 8) {
-    const __m256 av = _mm256_loadu_ps(a + k);
-    acc[0] = _mm256_fmadd_ps(av, ld(0, k), acc[0]);
-    acc[1] = _mm256_fmadd_ps(av, ld(1, k), acc[1]);
-    acc[2] = _mm256_fmadd_ps(av, ld(2, k), acc[2]);
-    acc[3] = _mm256_fmadd_ps(av, ld(3, k), acc[3]);
-  }
-  for (int r = 0; r < 4; ++r) {
-    alignas(32) float l[8];
-    _mm256_store_ps(l, acc[r]);
-    for (int64_t kk = k; kk < n; ++kk)
-      l[0] = std::fma(a[kk], BF ? bf16_bits_to_f32(bh[r * ldb + kk]) : bf[r * ldb + kk], l[0]);
-    out[r] = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-  }
+// The 8 lanes of x summed in dot_f32's tree order.
+MM3_SIMD_AVX2 inline float tree_sum8_avx2(__m256 x) {
+  const __m256 h1 = _mm256_hadd_ps(x, x);    // l0+l1, l2+l3 | l4+l5, l6+l7 (per 128-bit half)
+  const __m256 h2 = _mm256_hadd_ps(h1, h1);  // (l0+l1)+(l2+l3) | (l4+l5)+(l6+l7)
+  return _mm_cvtss_f32(_mm256_castps256_ps128(h2)) + _mm_cvtss_f32(_mm256_extractf128_ps(h2, 1));
 }
 
 template <bool BF>
-MM3_SIMD_AVX2 void axpy_avx2(float a, const void* xv, float* y, int64_t n) {
-  const uint16_t* xh = static_cast<const uint16_t*>(xv);
-  const float* xf = static_cast<const float*>(xv);
-  const __m256 av = _mm256_set1_ps(a);
-  int64_t k = 0;
-  for (; k + 8 <= n; k += 8) {
-    const __m256 x = BF ? _mm256_castsi256_ps(_mm256_slli_epi32(
-                              _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xh + k))), 16))
-                        : _mm256_loadu_ps(xf + k);
-    _mm256_storeu_ps(y + k, _mm256_fmadd_ps(av, x, _mm256_loadu_ps(y + k)));
-  }
-  for (; k < n; ++k) y[k] = std::fma(a, BF ? bf16_bits_to_f32(xh[k]) : xf[k], y[k]);
+MM3_SIMD_AVX2 inline __m256 load8_avx2(const void* p, int64_t off) {
+  if constexpr (BF)
+    return _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + off))),
+        16));
+  else
+    return _mm256_loadu_ps(static_cast<const float*>(p) + off);
 }
 
-// A decode step reads each KV head's keys a whole cache row apart (2 KiB for the LM), so the
-// prefetchers, which stop at 4 KiB pages, leave most K / V lines to demand misses; the loops below
-// fetch the row kPfKeysP keys ahead (as the AVX-512 path does). Prefetches change no value.
-constexpr int64_t kPfKeysP = 16;
 inline void prefetch_span(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
   for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 3);
+}
+
+// A decode step reads each key's row piece a whole cache row apart (2 KiB for the LM), so the
+// prefetchers, which stop at 4 KiB pages, leave most K / V lines to demand misses; the loops below
+// fetch the piece kPfKeysP keys ahead. Prefetches change no value. attention_lm_decode_513 on Zen 3
+// (pieces of 4 heads, 1 KiB): 4 / 8 / 16 / 32 keys ahead 17.2-18.0 / 16.0-17.9 / 19.0 / 19.5 ms.
+constexpr int64_t kPfKeysP = 8;
+
+// One item's geometry: KV heads [hk0, hk0 + HB), each read by `group` query heads; rows of the item's
+// score / numerator matrix S and accumulator acc are (KV head in block, head in group), S rows lds
+// apart, acc rows D apart.
+struct GroupItem {
+  const float* q;  // query row i, head 0
+  const void* kv;  // K or V at key 0, KV head hk0
+  int64_t ldkv;
+  int D, group, HB;
+};
+
+// S[row][j] = (q_row . k_j) * scale for keys j < nk and heads r0 .. r0 + RN of every group (RN <= 4).
+template <int RN, bool BF>
+__attribute__((noinline)) MM3_SIMD_AVX2 void group_scores_avx2(const GroupItem& g, int r0, int64_t nk, float scale,
+                                                               float* S, int64_t lds) {
+  const int64_t elt = BF ? 2 : 4, D = g.D, span = int64_t(g.HB) * D * elt;
+  for (int64_t j = 0; j < nk; ++j) {
+    const int64_t off = j * g.ldkv;
+    if (j + kPfKeysP < nk) prefetch_span(static_cast<const char*>(g.kv) + (off + kPfKeysP * g.ldkv) * elt, span);
+    for (int hb = 0; hb < g.HB; ++hb) {
+      const float* const q0 = g.q + (int64_t(hb) * g.group + r0) * D;  // the RN rows are D apart
+      const int64_t ko = off + hb * D;
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      for (int64_t d = 0; d < D; d += 8) {
+        const __m256 kv = load8_avx2<BF>(g.kv, ko + d);
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + d), kv, a0);
+        if constexpr (RN > 1) a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + D + d), kv, a1);
+        if constexpr (RN > 2) a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + 2 * D + d), kv, a2);
+        if constexpr (RN > 3) a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + 3 * D + d), kv, a3);
+      }
+      float* const s = S + (int64_t(hb) * g.group + r0) * lds + j;
+      s[0] = tree_sum8_avx2(a0) * scale;
+      if constexpr (RN > 1) s[lds] = tree_sum8_avx2(a1) * scale;
+      if constexpr (RN > 2) s[2 * lds] = tree_sum8_avx2(a2) * scale;
+      if constexpr (RN > 3) s[3 * lds] = tree_sum8_avx2(a3) * scale;
+    }
+  }
+}
+
+// acc[row] = fma(e_row,j, v_j, acc[row]) for keys j in [j0, j1) in order, heads r0 .. r0 + RN of
+// every group (RN <= 4); E the numerators (rows as S).
+template <int RN, bool BF>
+__attribute__((noinline)) MM3_SIMD_AVX2 void group_pv_avx2(const GroupItem& g, int r0, int64_t j0, int64_t j1,
+                                                           const float* E, int64_t lds, float* acc) {
+  const int64_t elt = BF ? 2 : 4, D = g.D, span = int64_t(g.HB) * D * elt;
+  for (int64_t j = j0; j < j1; ++j) {
+    const int64_t off = j * g.ldkv;
+    if (j + kPfKeysP < j1) prefetch_span(static_cast<const char*>(g.kv) + (off + kPfKeysP * g.ldkv) * elt, span);
+    for (int hb = 0; hb < g.HB; ++hb) {
+      const int64_t row = int64_t(hb) * g.group + r0;
+      const float* const e = E + row * lds + j;
+      const __m256 e0 = _mm256_set1_ps(e[0]);
+      const __m256 e1 = _mm256_set1_ps(RN > 1 ? e[lds] : 0.f);
+      const __m256 e2 = _mm256_set1_ps(RN > 2 ? e[2 * lds] : 0.f);
+      const __m256 e3 = _mm256_set1_ps(RN > 3 ? e[3 * lds] : 0.f);
+      float* const y = acc + row * D;
+      const int64_t vo = off + hb * D;
+      for (int64_t d = 0; d < D; d += 8) {
+        const __m256 x = load8_avx2<BF>(g.kv, vo + d);
+        _mm256_storeu_ps(y + d, _mm256_fmadd_ps(e0, x, _mm256_loadu_ps(y + d)));
+        if constexpr (RN > 1) _mm256_storeu_ps(y + D + d, _mm256_fmadd_ps(e1, x, _mm256_loadu_ps(y + D + d)));
+        if constexpr (RN > 2) _mm256_storeu_ps(y + 2 * D + d, _mm256_fmadd_ps(e2, x, _mm256_loadu_ps(y + 2 * D + d)));
+        if constexpr (RN > 3) _mm256_storeu_ps(y + 3 * D + d, _mm256_fmadd_ps(e3, x, _mm256_loadu_ps(y + 3 * D + d)));
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -676,12 +709,80 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
   const float* vf = static_cast<const float*>(v);
   const uint16_t* kh = static_cast<const uint16_t*>(k);
   const uint16_t* vh = static_cast<const uint16_t*>(v);
-  const bool avx2 = detail::cpu_has_avx2_fma();
-  const int64_t elt = kb ? 2 : 4;
+  if (detail::cpu_has_avx2_fma() && D % 8 == 0) {
+    // Items (query row, block of HB KV heads): as few blocks per row as keep every thread busy (one
+    // block of all heads reads whole contiguous cache rows).
+    const int64_t per_row = std::min<int64_t>(Hkv, (pool.size() + Sq - 1) / Sq);
+    const int HB = static_cast<int>((Hkv + per_row - 1) / per_row);
+    const int64_t blocks = (Hkv + HB - 1) / HB;
+    const int64_t elt = kb ? 2 : 4;
+    const char* kc = static_cast<const char*>(k);
+    const char* vc = static_cast<const char*>(v);
+    pool.parallel_for(
+        Sq * blocks,
+        [&](int64_t b, int64_t e) {
+          std::vector<float> S, acc, alpha, inv;
+          std::vector<int64_t> nks;
+          for (int64_t it = b; it < e; ++it) {
+            const int64_t i = it / blocks;
+            const int hk0 = static_cast<int>(it % blocks) * HB;
+            const int hb_n = std::min(HB, Hkv - hk0);
+            const int rows = hb_n * group;
+            const int64_t nk = causal ? std::min<int64_t>(Skv, q_pos0 + i + 1) : Skv;
+            S.resize(size_t(rows) * Skv);
+            acc.assign(size_t(rows) * D, 0.f);
+            inv.resize(rows);
+            nks.assign(rows, nk);
+            const GroupItem gk{q + i * ldq + int64_t(hk0) * group * D, kc + int64_t(hk0) * D * elt, ldkv, D, group, hb_n};
+            GroupItem gv = gk;
+            gv.kv = vc + int64_t(hk0) * D * elt;
+            for (int r0 = 0; r0 < group; r0 += 4) {
+              switch (std::min(4, group - r0) * 2 + (kb ? 1 : 0)) {
+                case 2: group_scores_avx2<1, false>(gk, r0, nk, scale, S.data(), Skv); break;
+                case 3: group_scores_avx2<1, true>(gk, r0, nk, scale, S.data(), Skv); break;
+                case 4: group_scores_avx2<2, false>(gk, r0, nk, scale, S.data(), Skv); break;
+                case 5: group_scores_avx2<2, true>(gk, r0, nk, scale, S.data(), Skv); break;
+                case 6: group_scores_avx2<3, false>(gk, r0, nk, scale, S.data(), Skv); break;
+                case 7: group_scores_avx2<3, true>(gk, r0, nk, scale, S.data(), Skv); break;
+                case 8: group_scores_avx2<4, false>(gk, r0, nk, scale, S.data(), Skv); break;
+                default: group_scores_avx2<4, true>(gk, r0, nk, scale, S.data(), Skv); break;
+              }
+            }
+            // The reference's block softmax (file header), every row of the item.
+            const int64_t nblk = (nk + kRefKv - 1) / kRefKv;
+            alpha.resize(size_t(rows) * nblk);
+            softmax_numerators(S.data(), Skv, rows, nks.data(), nblk, span, store, alpha.data(), inv.data());
+            for (int64_t j0 = 0, blk = 0; j0 < nk; j0 += kRefKv, ++blk) {
+              if (j0 > 0)
+                for (int r = 0; r < rows; ++r)
+                  for (int d = 0; d < D; ++d) acc[size_t(r) * D + d] *= alpha[size_t(r) * nblk + blk];
+              const int64_t j1 = std::min(nk, j0 + kRefKv);
+              for (int r0 = 0; r0 < group; r0 += 4) {
+                switch (std::min(4, group - r0) * 2 + (kb ? 1 : 0)) {
+                  case 2: group_pv_avx2<1, false>(gv, r0, j0, j1, S.data(), Skv, acc.data()); break;
+                  case 3: group_pv_avx2<1, true>(gv, r0, j0, j1, S.data(), Skv, acc.data()); break;
+                  case 4: group_pv_avx2<2, false>(gv, r0, j0, j1, S.data(), Skv, acc.data()); break;
+                  case 5: group_pv_avx2<2, true>(gv, r0, j0, j1, S.data(), Skv, acc.data()); break;
+                  case 6: group_pv_avx2<3, false>(gv, r0, j0, j1, S.data(), Skv, acc.data()); break;
+                  case 7: group_pv_avx2<3, true>(gv, r0, j0, j1, S.data(), Skv, acc.data()); break;
+                  case 8: group_pv_avx2<4, false>(gv, r0, j0, j1, S.data(), Skv, acc.data()); break;
+                  default: group_pv_avx2<4, true>(gv, r0, j0, j1, S.data(), Skv, acc.data()); break;
+                }
+              }
+            }
+            for (int r = 0; r < rows; ++r) {
+              float* o = out + i * ldo + (int64_t(hk0) * group + r) * D;  // query head hk0·group + r
+              for (int d = 0; d < D; ++d) o[d] = round_store(acc[size_t(r) * D + d] * inv[r], store);
+            }
+          }
+        },
+        1);
+    return;
+  }
 
-  const int64_t items = Sq * Hq;
+  // Without AVX2 (or D % 8 != 0): one (query, head) row at a time.
   pool.parallel_for(
-      items,
+      Sq * Hq,
       [&](int64_t b, int64_t e) {
         std::vector<float> s(static_cast<size_t>(Skv));
         std::vector<float> acc(static_cast<size_t>(D)), alpha;
@@ -691,30 +792,9 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
           const int hk = h / group;
           const float* qr = q + i * ldq + int64_t(h) * D;
           const int64_t nk = causal ? std::min<int64_t>(Skv, q_pos0 + i + 1) : Skv;
-          int64_t j = 0;
-          if (avx2)
-            for (; j + 4 <= nk; j += 4) {
-              const int64_t off = j * ldkv + int64_t(hk) * D;
-              for (int r = 0; r < 4; ++r)
-                if (j + r + kPfKeysP < nk)
-                  prefetch_span(kb ? static_cast<const void*>(kh + off + (kPfKeysP + r) * ldkv)
-                                   : static_cast<const void*>(kf + off + (kPfKeysP + r) * ldkv),
-                                D * elt);
-              float d4[4];
-              if (kb)
-                dot4_avx2<true>(qr, kh + off, ldkv, D, d4);
-              else
-                dot4_avx2<false>(qr, kf + off, ldkv, D, d4);
-              for (int r = 0; r < 4; ++r) s[static_cast<size_t>(j + r)] = d4[r] * scale;
-            }
-          for (; j < nk; ++j) {
+          for (int64_t j = 0; j < nk; ++j) {
             const int64_t off = j * ldkv + int64_t(hk) * D;
-            if (j + kPfKeysP < nk)
-              prefetch_span(kb ? static_cast<const void*>(kh + off + kPfKeysP * ldkv)
-                               : static_cast<const void*>(kf + off + kPfKeysP * ldkv),
-                            D * elt);
-            const float d = avx2 ? (kb ? dot_avx2<true>(qr, kh + off, D) : dot_avx2<false>(qr, kf + off, D))
-                                 : (kb ? detail::dot_f32_bf16(qr, kh + off, D) : detail::dot_f32(qr, kf + off, D));
+            const float d = kb ? detail::dot_f32_bf16(qr, kh + off, D) : detail::dot_f32(qr, kf + off, D);
             s[static_cast<size_t>(j)] = d * scale;
           }
           // The reference's block softmax (file header): numerators in s, per-block rescales alpha.
@@ -723,23 +803,17 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
           float inv = 0.f;
           softmax_numerators(s.data(), 0, 1, &nk, nblk, span, store, alpha.data(), &inv);
           std::fill(acc.begin(), acc.end(), 0.f);
-          for (int64_t j0 = 0, b = 0; j0 < nk; j0 += kRefKv, ++b) {
+          for (int64_t j0 = 0, blk = 0; j0 < nk; j0 += kRefKv, ++blk) {
             const int64_t j1 = std::min(nk, j0 + kRefKv);
             if (j0 > 0)
-              for (float& x : acc) x *= alpha[static_cast<size_t>(b)];
+              for (float& x : acc) x *= alpha[static_cast<size_t>(blk)];
             for (int64_t j = j0; j < j1; ++j) {
               const int64_t off = j * ldkv + int64_t(hk) * D;
-              if (j + kPfKeysP < j1)
-                prefetch_span(kb ? static_cast<const void*>(vh + off + kPfKeysP * ldkv)
-                                 : static_cast<const void*>(vf + off + kPfKeysP * ldkv),
-                              D * elt);
-              const float e = s[static_cast<size_t>(j)];
-              if (avx2)
-                kb ? axpy_avx2<true>(e, vh + off, acc.data(), D) : axpy_avx2<false>(e, vf + off, acc.data(), D);
-              else if (kb)
-                detail::axpy_bf16(e, vh + off, acc.data(), D);
+              const float ej = s[static_cast<size_t>(j)];
+              if (kb)
+                detail::axpy_bf16(ej, vh + off, acc.data(), D);
               else
-                detail::axpy_f32(e, vf + off, acc.data(), D);
+                detail::axpy_f32(ej, vf + off, acc.data(), D);
             }
           }
           float* o = out + i * ldo + int64_t(h) * D;
