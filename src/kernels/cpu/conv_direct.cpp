@@ -549,9 +549,24 @@ MM3_AVX512_TARGET void expand_row_avx512(const float* line, float* row, int64_t 
   }
 }
 
+// The same with 8 columns a vector (s divides 8): lane l of the vector at c reads c/s + (l + r0)/s.
+// Reads at most line[(n - 1 + 7) / s + 7], as the AVX-512 twin reads past its last source value.
+__attribute__((target("avx2,fma"))) void expand_row_avx2(const float* line, float* row, int64_t n, int s, int r0) {
+  alignas(32) int32_t idx[8];
+  for (int l = 0; l < 8; ++l) idx[l] = (l + r0) / s;
+  const __m256i iv = _mm256_load_si256(reinterpret_cast<const __m256i*>(idx));
+  int64_t c = 0;
+  for (; c + 8 <= n; c += 8) _mm256_storeu_ps(row + c, _mm256_permutevar8x32_ps(_mm256_loadu_ps(line + c / s), iv));
+  for (; c < n; ++c) row[c] = line[(c + r0) / s];
+}
+
 void expand_row(const float* line, float* row, int64_t n, int s, int r0) {
   if (detail::cpu_has_avx512()) {
     expand_row_avx512(line, row, n, s, r0);
+    return;
+  }
+  if (8 % s == 0 && detail::cpu_has_avx2_fma()) {
+    expand_row_avx2(line, row, n, s, r0);
     return;
   }
   for (int64_t c = 0; c < n; ++c) row[c] = line[(c + r0) / s];
