@@ -13,6 +13,7 @@
 
 #include "bench_stages.h"
 #include "core/errors.h"
+#include "kernels/cpu/simd.h"
 
 namespace mm3::bench {
 
@@ -106,6 +107,7 @@ nlohmann::ordered_json result_json(const StageResult& r, int threads) {
                                   : std::accumulate(r.seconds.begin(), r.seconds.end(), 0.0) / r.seconds.size();
   j["setup_s"] = r.setup_s;
   j["threads"] = threads;
+  j["isa"] = kern::detail::isa_name();  // the kernels' dispatch level (MM3_ISA may cap it)
   // Whole numbers print as integers (bytes and flops usually are).
   auto num = [](double v) -> nlohmann::ordered_json {
     if (v == std::floor(v) && v < 9e15) return static_cast<int64_t>(v);

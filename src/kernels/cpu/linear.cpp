@@ -17,7 +17,10 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include <cblas.h>
@@ -30,23 +33,55 @@ namespace mm3::kern {
 
 namespace detail {
 
+// MM3_ISA caps the dispatch below what the CPU has (never above): "scalar", "avx2", "avx512",
+// "avx512bf16", "amx" (= no cap). It lets one machine run the kernel tests on every path it can execute
+// (ctest runs test_kernels again under MM3_ISA=avx2 and =scalar), and reproduce a user's slower path.
+namespace {
+enum class IsaCap { Scalar, Avx2, Avx512, Avx512Bf16, Amx };
+IsaCap isa_cap() {
+  static const IsaCap cap = [] {
+    const char* e = std::getenv("MM3_ISA");
+    if (!e || !*e) return IsaCap::Amx;
+    const std::string v(e);
+    if (v == "scalar") return IsaCap::Scalar;
+    if (v == "avx2") return IsaCap::Avx2;
+    if (v == "avx512") return IsaCap::Avx512;
+    if (v == "avx512bf16") return IsaCap::Avx512Bf16;
+    if (v == "amx" || v == "native") return IsaCap::Amx;
+    // Not thrown: the first probe may run inside a parallel region, where an exception terminates.
+    fmt::print(stderr, "mm3: MM3_ISA={} is not a known value (scalar, avx2, avx512, avx512bf16, amx); ignored\n", v);
+    return IsaCap::Amx;
+  }();
+  return cap;
+}
+}  // namespace
+
+const char* isa_name() {
+  if (cpu_has_amx_bf16()) return "amx";
+  if (cpu_has_avx512bf16()) return "avx512bf16";
+  if (cpu_has_avx512()) return "avx512";
+  if (cpu_has_avx2_fma()) return "avx2";
+  return "scalar";
+}
 bool cpu_has_avx512bf16() {
-  static const bool v = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-                        __builtin_cpu_supports("avx512bf16");
+  static const bool v = isa_cap() >= IsaCap::Avx512Bf16 && __builtin_cpu_supports("avx512f") &&
+                        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
   return v;
 }
 bool cpu_has_avx512() {
-  static const bool v = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  static const bool v = isa_cap() >= IsaCap::Avx512 && __builtin_cpu_supports("avx512f") &&
+                        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                        __builtin_cpu_supports("avx512vl");
   return v;
 }
 bool cpu_has_amx_bf16() {
-  static const bool v = __builtin_cpu_supports("amx-bf16") && __builtin_cpu_supports("amx-tile");
+  static const bool v =
+      isa_cap() >= IsaCap::Amx && __builtin_cpu_supports("amx-bf16") && __builtin_cpu_supports("amx-tile");
   return v;
 }
 bool cpu_has_avx2_fma() {
-  static const bool v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool v = isa_cap() >= IsaCap::Avx2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return v;
 }
 
