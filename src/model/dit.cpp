@@ -2,9 +2,12 @@
 // rope_tables, rope_apply, attention, silu, silu_mul, transpose_2d.
 #include "model/dit.h"
 
+#include <chrono>
 #include <cmath>
 #include <numbers>
 
+#include "core/log.h"
+#include "model/quant_weights.h"
 #include "model/weights.h"
 
 namespace mm3 {
@@ -90,11 +93,38 @@ DiT::DiT(const TensorStore& store, const DitConfig& cfg) : cfg_(cfg) {
 
 DiT::~DiT() = default;
 
-const DiT::Weights& DiT::weights(DType compute) const {
-  if (compute == DType::F32) return *f32_;
-  if (compute != DType::BF16)
+const DiT::Weights& DiT::weights(DType compute, const ThreadPool& pool) const {
+  if (compute != DType::F32 && compute != DType::BF16)
     throw InvalidInput(fmt::format("transformer: compute dtype must be F32 or BF16, not {}", dtype_name(compute)));
-  std::call_once(bf16_once_, [this] {
+  std::lock_guard<std::mutex> lock(weights_mu_);
+  if (compute == DType::F32) {
+    // The fp32 GEMMs re-pack their weight from its rows at every call (gemm_nt), and read from 4 KiB
+    // file pages that packing stalled on its loads (Zen 5: 12-15% of the forward's samples; software
+    // prefetches of the next K block did not change that). In huge-page memory, interleaved A/B of
+    // dit_forward_L689 on a noisy Zen 5, 8 pairs: faster in 7, by 1-15% (medians 12.6-15.0 ->
+    // 11.8-14.1 s); the copy costs ~14-17 s once (9.7 GB), repaid after ~15 forwards of a song's
+    // hundreds. Done at the first fp32 forward, not at load, so that the bf16 profile (which reads
+    // the mapped fp32 once to build its bf16 copies) never holds both. MM3_MMAP_WEIGHTS=1 keeps the views.
+    if (!f32_resident_) {
+      const auto t0 = std::chrono::steady_clock::now();
+      Weights& W = *f32_;
+      const ThreadPool* p = &pool;
+      auto resident = [p](kern::LinearWeight& w) {
+        w = kern::LinearWeight(resident_copy(w.weight(), p), w.has_bias() ? w.bias() : Tensor());
+      };
+      for (auto* w : {&W.t1, &W.t2, &W.pre, &W.proj_in, &W.proj_out, &W.post}) resident(*w);
+      for (auto& bl : W.blocks)
+        for (auto* w : {&bl.q, &bl.k, &bl.v, &bl.o, &bl.ff_in, &bl.ff_out}) resident(*w);
+      f32_resident_ = true;
+      double gb = 0;
+      for (const auto& bl : W.blocks)
+        for (const auto* w : {&bl.q, &bl.k, &bl.v, &bl.o, &bl.ff_in, &bl.ff_out}) gb += w->weight().nbytes() / 1e9;
+      MM3_LOG_INFO("transformer: fp32 weights ({:.1f} GB) made resident in {:.1f} s", gb,
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return *f32_;
+  }
+  if (!bf16_) {
     auto w = std::make_unique<Weights>();
     const Weights& s = *f32_;
     w->fourier = rounded(s.fourier);
@@ -121,13 +151,13 @@ const DiT::Weights& DiT::weights(DType compute) const {
       w->blocks.push_back(std::move(bl));
     }
     bf16_ = std::move(w);
-  });
+  }
   return *bf16_;
 }
 
 void DiT::forward(const ThreadPool& pool, const std::vector<DitItem>& items, int64_t L,
                   const std::vector<float*>& out, DType compute, DitWorkspace& ws) const {
-  const Weights& W = weights(compute);
+  const Weights& W = weights(compute, pool);
   const DType st = compute;
   const int64_t B = static_cast<int64_t>(items.size());
   const int64_t C = cfg_.in_channels, Dc = cfg_.condition_dim, D = cfg_.inner_dim(), Cc = cfg_.concat_channels();

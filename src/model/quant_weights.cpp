@@ -77,12 +77,14 @@ bool weights_stay_mapped() {
   const char* e = std::getenv("MM3_MMAP_WEIGHTS");
   return e && *e && std::string(e) != "0";
 }
+}  // namespace
 
 // A bf16 weight streamed at every decode step is copied out of the file mapping into huge-page
 // memory (core/tensor.cpp alloc_aligned) and its mapped pages released: same bytes, same resident
 // size, but the stream no longer walks 4 KiB file pages (full size: ar_frame 1.21 s -> 0.57 s,
 // depth_frame 0.21 s -> 0.16 s; loading costs more, the fresh pages being zeroed).
 // MM3_MMAP_WEIGHTS=1 keeps the zero-copy views (fast load, slow frames; for comparison).
+
 Tensor resident_copy(const Tensor& w, const ThreadPool* pool) {
   if (!w.is_borrowed() || w.nbytes() < (size_t(4) << 20) || weights_stay_mapped()) return w;
   Tensor src = w.contiguous();
@@ -103,7 +105,6 @@ Tensor resident_copy(const Tensor& w, const ThreadPool* pool) {
   release_pages(w);
   return dst;
 }
-}  // namespace
 
 kern::LinearWeight make_linear(const Tensor& w, const std::string& key, QuantType t, const QuantLoad& q) {
   if (t == QuantType::None) return kern::LinearWeight(resident_copy(w, q.pool));
