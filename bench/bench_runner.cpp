@@ -2,14 +2,14 @@
 // Timing: steady_clock around each call of a stage's `run`, after `warmup` untimed calls; the median
 // is the reported figure. Peak RSS: the kernel's VmHWM after the stage, reset before setup through
 // /proc/self/clear_refs ("5") when the kernel allows it, so it is the stage's own peak.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fstream>
 #include <numeric>
 #include <string>
-
-#include <sys/resource.h>
 
 #include "bench_stages.h"
 #include "core/errors.h"

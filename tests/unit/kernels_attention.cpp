@@ -27,32 +27,32 @@ struct AttnCase {
 };
 
 const AttnCase kAttn[] = {
-    {1, 1, 4, 2, 16, true, 0},    // first token
-    {5, 5, 4, 2, 16, true, 0},    // prefill, GQA 2:1
-    {3, 11, 4, 2, 16, true, 8},   // chunk appended to a cache: q_pos0 = Skv - Sq
-    {4, 10, 4, 2, 16, true, 3},   // keys past the causal limit exist and must be masked
-    {1, 17, 8, 2, 64, true, 16},  // decode, GQA 4:1
-    {7, 13, 4, 4, 24, false, 0},  // bidirectional, Hq == Hkv
-    {6, 9, 2, 1, 33, false, 0},   // odd head dim, MQA
-    {2, 40, 3, 3, 256, true, 38}, // depth-decoder head dim
-    {1, 50, 12, 2, 32, true, 49}, // GQA 6:1 (the AVX2 decode path's 4 + 2 heads per group)
-    {3, 20, 9, 3, 16, true, 17},  // GQA 3:1
+    {1, 1, 4, 2, 16, true, 0},     // first token
+    {5, 5, 4, 2, 16, true, 0},     // prefill, GQA 2:1
+    {3, 11, 4, 2, 16, true, 8},    // chunk appended to a cache: q_pos0 = Skv - Sq
+    {4, 10, 4, 2, 16, true, 3},    // keys past the causal limit exist and must be masked
+    {1, 17, 8, 2, 64, true, 16},   // decode, GQA 4:1
+    {7, 13, 4, 4, 24, false, 0},   // bidirectional, Hq == Hkv
+    {6, 9, 2, 1, 33, false, 0},    // odd head dim, MQA
+    {2, 40, 3, 3, 256, true, 38},  // depth-decoder head dim
+    {1, 50, 12, 2, 32, true, 49},  // GQA 6:1 (the AVX2 decode path's 4 + 2 heads per group)
+    {3, 20, 9, 3, 16, true, 17},   // GQA 3:1
     // >= 16 rows per KV head take the transposed-K path (the cases above take direct dot products)
-    {20, 20, 4, 2, 16, true, 0},   // prefill
-    {9, 33, 8, 2, 24, true, 24},   // chunk after a cache, GQA 4:1
-    {17, 70, 2, 2, 40, false, 0},  // bidirectional, keys span two 64-key blocks
-    {16, 130, 4, 1, 33, true, 114}, // odd D, three key blocks
+    {20, 20, 4, 2, 16, true, 0},     // prefill
+    {9, 33, 8, 2, 24, true, 24},     // chunk after a cache, GQA 4:1
+    {17, 70, 2, 2, 40, false, 0},    // bidirectional, keys span two 64-key blocks
+    {16, 130, 4, 1, 33, true, 114},  // odd D, three key blocks
     // more than 512 keys: the online softmax's second and third blocks (rescaled partial sums)
     {2, 1100, 4, 2, 16, true, 1098},  // decode rows (direct scores)
     {18, 600, 2, 1, 24, true, 582},   // many rows, row keys 583..600 cross the 512 boundary
     {20, 530, 2, 2, 16, false, 0},    // bidirectional, a short second block
     // bidirectional with >= 64 query rows and keys: the GEMM path (attention_gemm)
-    {64, 64, 2, 2, 64, false, 0},     // smallest GEMM case
-    {130, 600, 4, 2, 40, false, 0},   // GQA, two query blocks + a partial one, keys in two softmax blocks
-    {70, 1100, 2, 1, 33, false, 0},   // MQA, odd D, three softmax blocks
+    {64, 64, 2, 2, 64, false, 0},    // smallest GEMM case
+    {130, 600, 4, 2, 40, false, 0},  // GQA, two query blocks + a partial one, keys in two softmax blocks
+    {70, 1100, 2, 1, 33, false, 0},  // MQA, odd D, three softmax blocks
     // ... with Hq == Hkv (as the DiT), keys in two and three softmax blocks
-    {100, 700, 3, 3, 40, false, 0},   // odd D, keys in two softmax blocks
-    {65, 1030, 2, 2, 64, false, 0},   // three softmax blocks, the last 6 keys wide
+    {100, 700, 3, 3, 40, false, 0},  // odd D, keys in two softmax blocks
+    {65, 1030, 2, 2, 64, false, 0},  // three softmax blocks, the last 6 keys wide
 };
 
 void check_attention(const ThreadPool& pool, const AttnCase& c, DType kv_dt, DType store, uint64_t seed) {
@@ -132,8 +132,7 @@ TEST(KernelsAttention, ThreadCountIndependent) {
   Rng rng(7);
   // (1, 300, 32, 8, 64): a decode step, its KV heads one block on one thread and two on two (AVX2 path)
   for (const AttnCase c : {AttnCase{9, 21, 4, 2, 32, true, 12}, AttnCase{1, 300, 32, 8, 64, true, 299},
-                           AttnCase{130, 600, 4, 2, 40, false, 0},
-                            AttnCase{100, 700, 3, 3, 40, false, 0}})
+                           AttnCase{130, 600, 4, 2, 40, false, 0}, AttnCase{100, 700, 3, 3, 40, false, 0}})
     for (DType store : {DType::F32, DType::BF16}) {
       SCOPED_TRACE(::testing::Message() << "Sq=" << c.Sq << " store=" << test::store_name(store));
       const int64_t ld = int64_t(c.Hq) * c.D, ldkv = int64_t(c.Hkv) * c.D;

@@ -733,19 +733,36 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
             acc.assign(size_t(rows) * D, 0.f);
             inv.resize(rows);
             nks.assign(rows, nk);
-            const GroupItem gk{q + i * ldq + int64_t(hk0) * group * D, kc + int64_t(hk0) * D * elt, ldkv, D, group, hb_n};
+            const GroupItem gk{
+                q + i * ldq + int64_t(hk0) * group * D, kc + int64_t(hk0) * D * elt, ldkv, D, group, hb_n};
             GroupItem gv = gk;
             gv.kv = vc + int64_t(hk0) * D * elt;
             for (int r0 = 0; r0 < group; r0 += 4) {
               switch (std::min(4, group - r0) * 2 + (kb ? 1 : 0)) {
-                case 2: group_scores_avx2<1, false>(gk, r0, nk, scale, S.data(), Skv); break;
-                case 3: group_scores_avx2<1, true>(gk, r0, nk, scale, S.data(), Skv); break;
-                case 4: group_scores_avx2<2, false>(gk, r0, nk, scale, S.data(), Skv); break;
-                case 5: group_scores_avx2<2, true>(gk, r0, nk, scale, S.data(), Skv); break;
-                case 6: group_scores_avx2<3, false>(gk, r0, nk, scale, S.data(), Skv); break;
-                case 7: group_scores_avx2<3, true>(gk, r0, nk, scale, S.data(), Skv); break;
-                case 8: group_scores_avx2<4, false>(gk, r0, nk, scale, S.data(), Skv); break;
-                default: group_scores_avx2<4, true>(gk, r0, nk, scale, S.data(), Skv); break;
+                case 2:
+                  group_scores_avx2<1, false>(gk, r0, nk, scale, S.data(), Skv);
+                  break;
+                case 3:
+                  group_scores_avx2<1, true>(gk, r0, nk, scale, S.data(), Skv);
+                  break;
+                case 4:
+                  group_scores_avx2<2, false>(gk, r0, nk, scale, S.data(), Skv);
+                  break;
+                case 5:
+                  group_scores_avx2<2, true>(gk, r0, nk, scale, S.data(), Skv);
+                  break;
+                case 6:
+                  group_scores_avx2<3, false>(gk, r0, nk, scale, S.data(), Skv);
+                  break;
+                case 7:
+                  group_scores_avx2<3, true>(gk, r0, nk, scale, S.data(), Skv);
+                  break;
+                case 8:
+                  group_scores_avx2<4, false>(gk, r0, nk, scale, S.data(), Skv);
+                  break;
+                default:
+                  group_scores_avx2<4, true>(gk, r0, nk, scale, S.data(), Skv);
+                  break;
               }
             }
             // The reference's block softmax (file header), every row of the item.
@@ -759,14 +776,30 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
               const int64_t j1 = std::min(nk, j0 + kRefKv);
               for (int r0 = 0; r0 < group; r0 += 4) {
                 switch (std::min(4, group - r0) * 2 + (kb ? 1 : 0)) {
-                  case 2: group_pv_avx2<1, false>(gv, r0, j0, j1, S.data(), Skv, acc.data()); break;
-                  case 3: group_pv_avx2<1, true>(gv, r0, j0, j1, S.data(), Skv, acc.data()); break;
-                  case 4: group_pv_avx2<2, false>(gv, r0, j0, j1, S.data(), Skv, acc.data()); break;
-                  case 5: group_pv_avx2<2, true>(gv, r0, j0, j1, S.data(), Skv, acc.data()); break;
-                  case 6: group_pv_avx2<3, false>(gv, r0, j0, j1, S.data(), Skv, acc.data()); break;
-                  case 7: group_pv_avx2<3, true>(gv, r0, j0, j1, S.data(), Skv, acc.data()); break;
-                  case 8: group_pv_avx2<4, false>(gv, r0, j0, j1, S.data(), Skv, acc.data()); break;
-                  default: group_pv_avx2<4, true>(gv, r0, j0, j1, S.data(), Skv, acc.data()); break;
+                  case 2:
+                    group_pv_avx2<1, false>(gv, r0, j0, j1, S.data(), Skv, acc.data());
+                    break;
+                  case 3:
+                    group_pv_avx2<1, true>(gv, r0, j0, j1, S.data(), Skv, acc.data());
+                    break;
+                  case 4:
+                    group_pv_avx2<2, false>(gv, r0, j0, j1, S.data(), Skv, acc.data());
+                    break;
+                  case 5:
+                    group_pv_avx2<2, true>(gv, r0, j0, j1, S.data(), Skv, acc.data());
+                    break;
+                  case 6:
+                    group_pv_avx2<3, false>(gv, r0, j0, j1, S.data(), Skv, acc.data());
+                    break;
+                  case 7:
+                    group_pv_avx2<3, true>(gv, r0, j0, j1, S.data(), Skv, acc.data());
+                    break;
+                  case 8:
+                    group_pv_avx2<4, false>(gv, r0, j0, j1, S.data(), Skv, acc.data());
+                    break;
+                  default:
+                    group_pv_avx2<4, true>(gv, r0, j0, j1, S.data(), Skv, acc.data());
+                    break;
                 }
               }
             }

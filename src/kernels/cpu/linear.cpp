@@ -14,6 +14,7 @@
 //   computation). Not OpenBLAS: its sgemm results change with the thread count (see gemm_nt.h).
 #pragma GCC optimize("fp-contract=off")
 
+#include <cblas.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -22,8 +23,6 @@
 #include <cstring>
 #include <string>
 #include <vector>
-
-#include <cblas.h>
 
 #include "kernels/cpu/gemm_nt.h"
 #include "kernels/cpu/simd.h"
