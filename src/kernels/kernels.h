@@ -52,10 +52,14 @@ class LinearWeight {
   // the dense tensor).
   size_t weight_bytes() const { return quant_ ? quant_->bytes() : gemm_ ? gemm_bytes_ : w_.nbytes(); }
   // The backend's blocked bf16 GEMM form (gemm_only_bf16); then weight() is an empty Tensor.
-  bool gemm_packed() const { return gemm_ != nullptr; }
+  bool gemm_packed() const { return gemm_ != nullptr && !f32_panels_; }
+  // The backend's pre-packed fp32 GEMM form (gemm_only_f32); then weight() is an empty Tensor.
+  bool f32_packed() const { return gemm_ != nullptr && f32_panels_; }
   const void* gemm_form() const { return gemm_.get(); }
-  // Backend use (gemm_only_bf16): a weight held only in a blocked form of `bytes` bytes.
-  LinearWeight(int64_t out, int64_t in, std::shared_ptr<const void> gemm_form, size_t bytes, Tensor bias);
+  // Backend use (gemm_only_bf16 / gemm_only_f32): a weight held only in a blocked form of `bytes`
+  // bytes; f32_panels says which of the two it is.
+  LinearWeight(int64_t out, int64_t in, std::shared_ptr<const void> gemm_form, size_t bytes, Tensor bias,
+               bool f32_panels = false);
 
  private:
   void set_bias(Tensor bias);
@@ -63,6 +67,7 @@ class LinearWeight {
   std::shared_ptr<const QuantMatrix> quant_;
   std::shared_ptr<const void> gemm_;
   size_t gemm_bytes_ = 0;
+  bool f32_panels_ = false;
   std::vector<float> bias_f32_;
   int64_t out_ = 0, in_ = 0;
 };
@@ -77,6 +82,15 @@ class LinearWeight {
 // shapes tested in kernels_linear_dnnl.cpp are bitwise equal on 1 and 2 threads). Where oneDNN
 // offers no blocked bf16 kernel (no AVX512-BF16 / AMX) this returns the plain bf16 weight instead.
 LinearWeight gemm_only_bf16(const LinearWeight& w);
+
+// A copy of an F32 weight for an fp32 computation that runs it as a GEMM: held packed in the layout
+// the CPU GEMM's tile reads (gemm_nt's panels, in huge-page memory), so no call re-packs it; the plain
+// tensor is not kept (weight() is empty). `linear` on it takes that GEMM for every M (also M <= 4,
+// where a plain weight would take the GEMV), with the GEMM's bits: one FMA chain per output, the same
+// as gemm_nt on the plain weight, independent of the thread count. The layout depends on the ISA path
+// this process dispatches to, so the form is built and used in one process. Throws InternalError for
+// a weight that is not plain F32.
+LinearWeight gemm_only_f32(const LinearWeight& w, const ThreadPool& pool);
 
 // y[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]), for m < M. x rows stride ldx >= in, y rows stride
 // ldy >= out. Accumulates in fp32; the result is rounded once to `store`. Small M (decode, M <= 2..4)

@@ -98,31 +98,31 @@ const DiT::Weights& DiT::weights(DType compute, const ThreadPool& pool) const {
     throw InvalidInput(fmt::format("transformer: compute dtype must be F32 or BF16, not {}", dtype_name(compute)));
   std::lock_guard<std::mutex> lock(weights_mu_);
   if (compute == DType::F32) {
-    // The fp32 GEMMs re-pack their weight from its rows at every call (gemm_nt), and read from 4 KiB
-    // file pages that packing stalled on its loads (Zen 5: 12-15% of the forward's samples; software
-    // prefetches of the next K block did not change that). In huge-page memory, interleaved A/B of
-    // dit_forward_L689 on a noisy Zen 5, 8 pairs: faster in 7, by 1-15% (medians 12.6-15.0 ->
-    // 11.8-14.1 s); the copy costs ~14-17 s once (9.7 GB), repaid after ~15 forwards of a song's
-    // hundreds. Done at the first fp32 forward, not at load, so that the bf16 profile (which reads
-    // the mapped fp32 once to build its bf16 copies) never holds both. MM3_MMAP_WEIGHTS=1 keeps the views.
-    if (!f32_resident_) {
+    // gemm_nt re-packs a plain weight from its rows at every call, and from 4 KiB file pages that
+    // packing stalled on its loads (Zen 5: 12-15% of the forward's samples; software prefetches of
+    // the next K block did not move it). So the first fp32 forward packs every GEMM weight once, into
+    // huge-page memory (gemm_only_f32: the same bits), and drops the mapped pages. The time MLP (M =
+    // batch, a GEMV) keeps its views. Lazy, so that the bf16 profile never holds both; MM3_MMAP_WEIGHTS=1
+    // keeps the views for everything.
+    if (weights_stay_mapped()) return *f32_;
+    if (!f32_packed_) {
       const auto t0 = std::chrono::steady_clock::now();
-      Weights& W = *f32_;
-      const ThreadPool* p = &pool;
-      auto resident = [p](kern::LinearWeight& w) {
-        w = kern::LinearWeight(resident_copy(w.weight(), p), w.has_bias() ? w.bias() : Tensor());
-      };
-      for (auto* w : {&W.t1, &W.t2, &W.pre, &W.proj_in, &W.proj_out, &W.post}) resident(*w);
-      for (auto& bl : W.blocks)
-        for (auto* w : {&bl.q, &bl.k, &bl.v, &bl.o, &bl.ff_in, &bl.ff_out}) resident(*w);
-      f32_resident_ = true;
+      auto w = std::make_unique<Weights>(*f32_);
       double gb = 0;
-      for (const auto& bl : W.blocks)
-        for (const auto* w : {&bl.q, &bl.k, &bl.v, &bl.o, &bl.ff_in, &bl.ff_out}) gb += w->weight().nbytes() / 1e9;
-      MM3_LOG_INFO("transformer: fp32 weights ({:.1f} GB) made resident in {:.1f} s", gb,
+      auto pack = [&](kern::LinearWeight& lw) {
+        const Tensor src = lw.weight();
+        lw = kern::gemm_only_f32(lw, pool);
+        gb += lw.weight_bytes() / 1e9;
+        release_mapped_pages(src);
+      };
+      for (auto* lw : {&w->pre, &w->proj_in, &w->proj_out, &w->post}) pack(*lw);
+      for (auto& bl : w->blocks)
+        for (auto* lw : {&bl.q, &bl.k, &bl.v, &bl.o, &bl.ff_in, &bl.ff_out}) pack(*lw);
+      f32_packed_ = std::move(w);
+      MM3_LOG_INFO("transformer: fp32 GEMM weights ({:.1f} GB) packed in {:.1f} s", gb,
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
-    return *f32_;
+    return *f32_packed_;
   }
   if (!bf16_) {
     auto w = std::make_unique<Weights>();

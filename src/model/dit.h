@@ -68,15 +68,15 @@ class DiT {
   struct Weights;  // one precision's weights (dit.cpp)
 
  private:
-  // The weights for `compute`, prepared at the first call: F32 copies the file-mapped weights into
-  // huge-page memory (pool: the copy's workers), BF16 builds the bf16 copies from the mapped fp32.
+  // The weights for `compute`, prepared at the first call (pool: its workers): F32 packs the GEMM
+  // weights once (kern::gemm_only_f32), BF16 builds the bf16 copies; both from the mapped fp32.
   const Weights& weights(DType compute, const ThreadPool& pool) const;
 
   DitConfig cfg_;
-  std::unique_ptr<Weights> f32_;  // views of the file mapping until the first F32 forward copies them
+  std::unique_ptr<Weights> f32_;                   // views of the file mapping
+  mutable std::unique_ptr<Weights> f32_packed_;    // f32_ with the GEMM weights pre-packed
   mutable std::unique_ptr<Weights> bf16_;
-  mutable std::mutex weights_mu_;  // guards the two one-time preparations (they read and replace f32_)
-  mutable bool f32_resident_ = false;
+  mutable std::mutex weights_mu_;  // guards the one-time preparations
 };
 
 }  // namespace mm3

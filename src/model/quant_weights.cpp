@@ -62,10 +62,9 @@ std::shared_ptr<const SafetensorsFile> open_quant_sidecar(const std::string& ckp
   return f;
 }
 
-namespace {
-// The bf16 source of a weight quantized at load is not read again: drop its mapped pages from this
-// process (they stay in the page cache, reclaimable), so the resident set is the quantized model.
-void release_pages(const Tensor& w) {
+// A source that is not read again (a weight quantized or copied at load): its mapped pages leave this
+// process (they stay in the page cache, reclaimable), so the resident set is what is used.
+void release_mapped_pages(const Tensor& w) {
   if (!w.is_borrowed()) return;
   const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
   const uintptr_t b = reinterpret_cast<uintptr_t>(w.raw()), e = b + w.nbytes();
@@ -77,14 +76,14 @@ bool weights_stay_mapped() {
   const char* e = std::getenv("MM3_MMAP_WEIGHTS");
   return e && *e && std::string(e) != "0";
 }
-}  // namespace
+
+namespace {
 
 // A bf16 weight streamed at every decode step is copied out of the file mapping into huge-page
 // memory (core/tensor.cpp alloc_aligned) and its mapped pages released: same bytes, same resident
 // size, but the stream no longer walks 4 KiB file pages (full size: ar_frame 1.21 s -> 0.57 s,
 // depth_frame 0.21 s -> 0.16 s; loading costs more, the fresh pages being zeroed).
 // MM3_MMAP_WEIGHTS=1 keeps the zero-copy views (fast load, slow frames; for comparison).
-
 Tensor resident_copy(const Tensor& w, const ThreadPool* pool) {
   if (!w.is_borrowed() || w.nbytes() < (size_t(4) << 20) || weights_stay_mapped()) return w;
   Tensor src = w.contiguous();
@@ -102,9 +101,10 @@ Tensor resident_copy(const Tensor& w, const ThreadPool* pool) {
   } else {
     for (int64_t i = 0; i < parts; ++i) copy(i);
   }
-  release_pages(w);
+  release_mapped_pages(w);
   return dst;
 }
+}  // namespace
 
 kern::LinearWeight make_linear(const Tensor& w, const std::string& key, QuantType t, const QuantLoad& q) {
   if (t == QuantType::None) return kern::LinearWeight(resident_copy(w, q.pool));
@@ -133,7 +133,7 @@ kern::LinearWeight make_linear(const Tensor& w, const std::string& key, QuantTyp
     ThreadPool local(0);
     qm = kern::quantize_weight(local, w, t);
   }
-  release_pages(w);
+  release_mapped_pages(w);
   return kern::LinearWeight(std::move(qm));
 }
 

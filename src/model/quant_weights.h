@@ -74,10 +74,11 @@ std::shared_ptr<const SafetensorsFile> open_quant_sidecar(const std::string& ckp
 // or misshapen) or the quantized bf16 weight.
 kern::LinearWeight make_linear(const Tensor& w, const std::string& key, QuantType t, const QuantLoad& q);
 
-// make_linear's copy for type None on its own: a mapped view of >= 4 MiB copied into huge-page memory
-// (its mapped pages released), anything else returned as is; MM3_MMAP_WEIGHTS=1 keeps the view.
-// pool: workers for the copy (null: the calling thread).
-Tensor resident_copy(const Tensor& w, const ThreadPool* pool);
+// Whether MM3_MMAP_WEIGHTS asks to keep weights as zero-copy views of the files (no resident copies).
+bool weights_stay_mapped();
+// Drops the pages of a file-mapped view from this process (they stay in the page cache, reclaimable;
+// the view still reads the file): for a weight whose copy is what gets used. No-op for an owned tensor.
+void release_mapped_pages(const Tensor& w);
 
 // For `mm3 quantize`: the sidecar tensors and metadata entries of one quantized Linear.
 void append_quant_tensors(const std::string& key, const kern::LinearWeight& w,

@@ -206,6 +206,50 @@ TEST(KernelsLinear, GemmIsOneSequentialFmaChain) {
       }
 }
 
+// gemm_only_f32: the weight packed once in the tile's panels. Every M (the GEMV's M <= 4 too) takes
+// the GEMM on those panels, so each output is the same one sequential FMA chain as above, on 1 and 2
+// threads; sizes cross panels (128 columns), strips (32) and K blocks (256, or the AVX2 tiles' 128).
+TEST(KernelsLinear, PrepackedF32IsOneSequentialFmaChain) {
+  ThreadPool p1(1), p2(2);
+  Rng rng(57);
+  for (auto [M, K, N] : {std::tuple<int64_t, int64_t, int64_t>{1, 700, 130},
+                         {2, 257, 33},
+                         {4, 129, 300},
+                         {5, 1, 3},
+                         {13, 513, 161},
+                         {37, 300, 256}})
+    for (bool with_bias : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "M=" << M << " K=" << K << " N=" << N << " bias=" << with_bias);
+      const kern::LinearWeight plain = make_weight(rng, N, K, DType::F32, with_bias, DType::F32);
+      const kern::LinearWeight w = kern::gemm_only_f32(plain, p2);
+      ASSERT_TRUE(w.f32_packed());
+      EXPECT_FALSE(w.gemm_packed());
+      EXPECT_EQ(w.weight().raw(), nullptr) << "the plain tensor is not kept";
+      EXPECT_EQ(w.out_features(), N);
+      EXPECT_EQ(w.in_features(), K);
+      const int64_t ldx = K + 1, ldy = N + 2;
+      std::vector<float> x = rng.vec(static_cast<size_t>(M * ldx), -1.f, 1.f);
+      for (auto& v : x) v = std::ldexp(v, static_cast<int>(rng.int_in(-12, 12)));
+      for (const ThreadPool* pool : {&p1, &p2})
+        for (DType store : {DType::F32, DType::BF16}) {
+          Guarded y(M, N, ldy);
+          kern::linear(*pool, x.data(), M, ldx, w, y.data(), ldy, store);
+          EXPECT_EQ(y.touched_outside(), 0);
+          EXPECT_EQ(y.untouched_inside(), 0);
+          const float* bias = plain.bias_f32();
+          int64_t diffs = 0;
+          for (int64_t m = 0; m < M; ++m)
+            for (int64_t n = 0; n < N; ++n) {
+              float acc = 0.f;
+              for (int64_t k = 0; k < K; ++k) acc = std::fma(x[size_t(m * ldx + k)], weight_value(plain, n * K + k), acc);
+              const float want = round_store(bias ? acc + bias[n] : acc, store);
+              diffs += std::memcmp(&want, y.data() + m * ldy + n, 4) != 0;
+            }
+          EXPECT_EQ(diffs, 0) << "threads=" << pool->size() << " store=" << test::store_name(store);
+        }
+    }
+}
+
 TEST(KernelsLinear, RejectsBadLeadingDims) {
   ThreadPool pool(1);
   Rng rng(5);

@@ -441,12 +441,29 @@ void gemm_nt(const ThreadPool& pool, const float* A, int64_t lda, int64_t M, con
   gemm_ex(pool, A, lda, 1, M, B, b_dtype, ldb, false, N, K, bias, C, ldc, store, bf16_dot);
 }
 
+// The K block of the fp32 tiles on this machine: the AVX2 tiles (packed A panels) take kKC2.
+int64_t f32_kc_block() { return f32_tiles_packed() ? kKC2 : kKC; }
+
+int64_t pack_f32_panels_size(int64_t N, int64_t K) { return (N + kNC - 1) / kNC * kNC * K; }
+
+void pack_f32_panels(const ThreadPool& pool, const float* B, int64_t ldb, int64_t N, int64_t K, float* panels) {
+  const int64_t np = (N + kNC - 1) / kNC, kcb = f32_kc_block();
+  pool.parallel_for(np, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t n0 = p * kNC, nc = std::min<int64_t>(kNC, N - n0), strips = (nc + kNR - 1) / kNR;
+      for (int64_t k0 = 0; k0 < K; k0 += kcb)
+        pack_f32(B, DType::F32, ldb, false, N, n0, nc, k0, std::min(kcb, K - k0),
+                 panels + p * kNC * K + k0 * strips * kNR);
+    }
+  });
+}
+
 void gemm_ex(const ThreadPool& pool, const float* A, int64_t a_rs, int64_t a_cs, int64_t M, const void* B,
              DType b_dtype, int64_t ldb, bool b_kmajor, int64_t N, int64_t K, const float* bias, float* C, int64_t ldc,
-             DType store, bool bf16_dot) {
+             DType store, bool bf16_dot, const float* prepacked) {
   if (M <= 0 || N <= 0) return;
   MM3_CHECK(K > 0, "gemm_ex: K={}", K);
-  const bool use_bf16 = bf16_dot && !b_kmajor && b_dtype == DType::BF16 && cpu_has_avx512bf16();
+  const bool use_bf16 = !prepacked && bf16_dot && !b_kmajor && b_dtype == DType::BF16 && cpu_has_avx512bf16();
 
   // bf16 copy of A (exact for bf16-valued A), rows padded to an even length with zeros.
   const int64_t Kp = (K + 1) & ~int64_t(1);
@@ -483,6 +500,7 @@ void gemm_ex(const ThreadPool& pool, const float* A, int64_t a_rs, int64_t a_cs,
   const bool pack_a = tp != nullptr;
   const int64_t mr = pack_a ? kMR2 : kMR;  // rows per tile
   const int64_t kc_block = pack_a ? kKC2 : kKC;
+  MM3_CHECK(use_bf16 || kc_block == f32_kc_block(), "gemm_ex: fp32 K block {} is not f32_kc_block()", kc_block);
   const int64_t mc = ((M + chunks - 1) / chunks + mr - 1) / mr * mr;
   chunks = (M + mc - 1) / mc;
   // The buffer is the calling thread's and keeps its pages between calls (fresh pages cost a fault and
@@ -534,10 +552,11 @@ void gemm_ex(const ThreadPool& pool, const float* A, int64_t a_rs, int64_t a_cs,
           const int64_t kp = (kc + 1) / 2;
           bufH.resize(static_cast<size_t>(strips * kp * 2 * kNR));
           pack_bf16(static_cast<const uint16_t*>(B), ldb, N, K, n0, nc, k0, kc, bufH.data());
-        } else {
+        } else if (!prepacked) {
           bufF.resize(static_cast<size_t>(strips * kc * kNR));
           pack_f32(B, b_dtype, ldb, b_kmajor, N, n0, nc, k0, kc, bufF.data());
         }
+        const float* bp = prepacked ? prepacked + pn * kNC * K + k0 * strips * kNR : bufF.data();
         auto tile = [&](int64_t m0, int64_t s) {
           const int r = static_cast<int>(std::min<int64_t>(mr, me - m0));
           const int64_t ns = n0 + s * kNR;
@@ -547,9 +566,9 @@ void gemm_ex(const ThreadPool& pool, const float* A, int64_t a_rs, int64_t a_cs,
           if (use_bf16)
             tb[r - 1](A16.data() + m0 * Kp + k0, Kp, bufH.data() + s * ((kc + 1) / 2) * 2 * kNR, ta);
           else if (pack_a)
-            tp[r - 1](a_panel(m0 / kMR2, k0 / kc_block), bufF.data() + s * kc * kNR, ta);
+            tp[r - 1](a_panel(m0 / kMR2, k0 / kc_block), bp + s * kc * kNR, ta);
           else
-            tf[r - 1](A + m0 * a_rs + k0 * a_cs, a_rs, a_cs, bufF.data() + s * kc * kNR, ta);
+            tf[r - 1](A + m0 * a_rs + k0 * a_cs, a_rs, a_cs, bp + s * kc * kNR, ta);
         };
         // The AVX2 tiles walk each B strip (16 KiB) down all row blocks, so it stays in L1 while the
         // packed A streams in order; the AVX-512 ones walk the strips of each row block.

@@ -26,9 +26,18 @@ void gemm_nt(const ThreadPool& pool, const float* A, int64_t lda, int64_t M, con
 // General form: A[m, k] at A + m * a_rs + k * a_cs (row-major A: a_rs = lda, a_cs = 1; Aᵀ stored
 // row-major: a_rs = 1, a_cs = lda). B[n, k] at B + n * ldb + k, or with b_kmajor at B + k * ldb + n
 // (a [K, N] matrix, e.g. an im2col buffer); bf16_dot applies only to the n-major form.
+// prepacked: B already packed by pack_f32_panels (fp32 products; B, b_dtype, ldb, b_kmajor, bf16_dot are
+// then ignored) — the same bits as packing B at the call.
 void gemm_ex(const ThreadPool& pool, const float* A, int64_t a_rs, int64_t a_cs, int64_t M, const void* B,
              DType b_dtype, int64_t ldb, bool b_kmajor, int64_t N, int64_t K, const float* bias, float* C, int64_t ldc,
-             DType store, bool bf16_dot);
+             DType store, bool bf16_dot, const float* prepacked = nullptr);
+
+// B [N, K] (F32 rows, stride ldb) packed once in the layout gemm_ex's fp32 tiles read on this
+// machine: column panel p (128 columns) at panels + p·128·K, its K block at k0 at + k0·strips·32
+// (strips = that panel's 32-column strips), each block as pack_f32 writes it. pack_f32_panels_size
+// floats; zero past N.
+int64_t pack_f32_panels_size(int64_t N, int64_t K);
+void pack_f32_panels(const ThreadPool& pool, const float* B, int64_t ldb, int64_t N, int64_t K, float* panels);
 
 // y[m, n] = round_bf16(sum_k x[m, k] W[n, k] + bias[n]) by oneDNN on a gemm_only_bf16 weight's
 // blocked form (gemm_dnnl.cpp); x bf16-valued, bias the weight's fp32 bias or null.

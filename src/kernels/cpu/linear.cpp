@@ -370,6 +370,25 @@ void linear_gemm(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx,
 
 }  // namespace
 
+namespace {
+// gemm_only_f32's form: the packed panels (detail::pack_f32_panels), in huge-page memory.
+struct F32Panels {
+  Tensor data;
+};
+}  // namespace
+
+LinearWeight gemm_only_f32(const LinearWeight& w, const ThreadPool& pool) {
+  MM3_CHECK(!w.quantized() && !w.gemm_form() && w.weight().ndim() == 2 && w.weight().dtype() == DType::F32,
+            "gemm_only_f32: needs a plain F32 weight");
+  const int64_t N = w.out_features(), K = w.in_features();
+  const Tensor plain = w.weight().contiguous();
+  auto f = std::make_shared<F32Panels>();
+  f->data = Tensor::empty(DType::F32, {detail::pack_f32_panels_size(N, K)});
+  detail::pack_f32_panels(pool, static_cast<const float*>(plain.raw()), K, N, K, static_cast<float*>(f->data.raw()));
+  const size_t bytes = f->data.nbytes();
+  return LinearWeight(N, K, std::move(f), bytes, w.has_bias() ? w.bias() : Tensor(), /*f32_panels=*/true);
+}
+
 void linear(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const LinearWeight& w, float* y,
             int64_t ldy, DType store) {
   const int64_t N = w.out_features(), K = w.in_features();
@@ -380,6 +399,12 @@ void linear(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, cons
     MM3_CHECK(store == DType::BF16, "linear: a gemm_only_bf16 weight [{}, {}] needs store BF16, not {}", N, K,
               dtype_name(store));
     detail::dnnl_linear_bf16(pool, x, M, ldx, w.gemm_form(), w.bias_f32(), y, ldy);
+    return;
+  }
+  if (w.f32_packed()) {  // gemm_only_f32: the GEMM on its panels for every M
+    const auto* f = static_cast<const F32Panels*>(w.gemm_form());
+    detail::gemm_ex(pool, x, ldx, 1, M, nullptr, DType::F32, K, false, N, K, w.bias_f32(), y, ldy, store, false,
+                    static_cast<const float*>(f->data.raw()));
     return;
   }
   if (w.quantized()) {  // kernels/quant.h
