@@ -1,6 +1,7 @@
-// MM3_ISA, the dispatch cap: ctest runs test_kernels again under MM3_ISA=avx2 and MM3_ISA=scalar so an
-// AVX-512 machine also tests the AVX2 and scalar kernels. This test makes those runs mean something: if
-// the cap were ignored they would silently test the native paths twice more.
+// MM3_ISA, the dispatch cap: ctest runs test_kernels_baseline (the kernel tests built for plain x86-64)
+// under MM3_ISA=avx2 and MM3_ISA=scalar, so an AVX-512 machine also tests the AVX2 and scalar kernels.
+// This test makes those runs mean something: if the cap were ignored they would silently test the
+// runtime-dispatched native paths twice more.
 #include <gtest/gtest.h>
 
 #include <cstdlib>

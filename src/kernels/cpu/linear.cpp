@@ -34,7 +34,7 @@ namespace detail {
 
 // MM3_ISA caps the dispatch below what the CPU has (never above): "scalar", "avx2", "avx512",
 // "avx512bf16", "amx" (= no cap). It lets one machine run the kernel tests on every path it can execute
-// (ctest runs test_kernels again under MM3_ISA=avx2 and =scalar), and reproduce a user's slower path.
+// (ctest runs test_kernels_baseline under MM3_ISA=avx2 and =scalar), and reproduce a user's slower path.
 namespace {
 enum class IsaCap { Scalar, Avx2, Avx512, Avx512Bf16, Amx };
 IsaCap isa_cap() {
