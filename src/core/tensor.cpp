@@ -87,6 +87,28 @@ Tensor Tensor::empty(DType dt, Shape shape) {
   return t;
 }
 
+std::vector<Tensor> Tensor::empty_group(const std::vector<std::pair<DType, Shape>>& specs) {
+  std::vector<size_t> offset(specs.size());
+  size_t total = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    for (int64_t d : specs[i].second)
+      if (d < 0) throw InternalError("Tensor::empty_group: negative dim in " + shape_str(specs[i].second));
+    offset[i] = total;
+    total += (static_cast<size_t>(shape_numel(specs[i].second)) * dtype_size(specs[i].first) + 63) / 64 * 64;
+  }
+  auto mem = alloc_aligned(total);
+  std::vector<Tensor> out(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    Tensor& t = out[i];
+    t.dtype_ = specs[i].first;
+    t.shape_ = specs[i].second;
+    t.strides_ = contiguous_strides(t.shape_);
+    t.data_ = static_cast<unsigned char*>(mem.get()) + offset[i];
+    t.owner_ = mem;
+  }
+  return out;
+}
+
 Tensor Tensor::zeros(DType dt, Shape shape) {
   Tensor t = empty(dt, std::move(shape));
   std::memset(t.data_, 0, t.nbytes());

@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
@@ -44,6 +45,11 @@ class Tensor {
   // Owning, uninitialized / zero-filled storage (64-byte aligned).
   static Tensor empty(DType dt, Shape shape);
   static Tensor zeros(DType dt, Shape shape);
+  // Owning, uninitialized: contiguous tensors of these dtypes and shapes placed one after another
+  // (each start 64-byte aligned) in ONE allocation, which takes huge pages when it is large (as
+  // empty() does for a large tensor). For data streamed together, e.g. a quantized weight's codes and
+  // its scales: a small tensor of the group then sits on huge pages too, not on 4 KiB ones.
+  static std::vector<Tensor> empty_group(const std::vector<std::pair<DType, Shape>>& specs);
   // Owning copy of `n` floats / other values.
   static Tensor from_f32(const std::vector<float>& v, Shape shape);
   static Tensor from_i64(const std::vector<int64_t>& v, Shape shape);

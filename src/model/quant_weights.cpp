@@ -84,13 +84,10 @@ namespace {
 // size, but the stream no longer walks 4 KiB file pages (full size: ar_frame 1.21 s -> 0.57 s,
 // depth_frame 0.21 s -> 0.16 s; loading costs more, the fresh pages being zeroed).
 // MM3_MMAP_WEIGHTS=1 keeps the zero-copy views (fast load, slow frames; for comparison).
-Tensor resident_copy(const Tensor& w, const ThreadPool* pool) {
-  if (!w.is_borrowed() || w.nbytes() < (size_t(4) << 20) || weights_stay_mapped()) return w;
-  Tensor src = w.contiguous();
-  Tensor dst = Tensor::empty(w.dtype(), w.shape());
-  const auto* s = static_cast<const unsigned char*>(src.raw());
-  auto* d = static_cast<unsigned char*>(dst.raw());
-  const size_t n = w.nbytes(), chunk = size_t(8) << 20;
+void copy_bytes(void* dst, const void* src, size_t n, const ThreadPool* pool) {
+  const auto* s = static_cast<const unsigned char*>(src);
+  auto* d = static_cast<unsigned char*>(dst);
+  const size_t chunk = size_t(8) << 20;
   const int64_t parts = static_cast<int64_t>((n + chunk - 1) / chunk);
   auto copy = [&](int64_t i) {
     const size_t b = static_cast<size_t>(i) * chunk, e = std::min(n, b + chunk);
@@ -101,8 +98,30 @@ Tensor resident_copy(const Tensor& w, const ThreadPool* pool) {
   } else {
     for (int64_t i = 0; i < parts; ++i) copy(i);
   }
+}
+
+Tensor resident_copy(const Tensor& w, const ThreadPool* pool) {
+  if (!w.is_borrowed() || w.nbytes() < (size_t(4) << 20) || weights_stay_mapped()) return w;
+  Tensor src = w.contiguous();
+  Tensor dst = Tensor::empty(w.dtype(), w.shape());
+  copy_bytes(dst.raw(), src.raw(), w.nbytes(), pool);
   release_mapped_pages(w);
   return dst;
+}
+
+// A sidecar's codes and scales, copied out of the file mapping into one huge-page allocation (as
+// quantize_weight allocates them) for the reason resident_copy gives. Mapped zero-copy, the sidecar's
+// 4 KiB pages made every quantized frame far slower than quantizing at load did (full size, Zen 5, the
+// same binary and hour: ar_frame_int8 0.287 s quantized at load, 0.639 s mapped; q4 0.264 / 0.390 s).
+std::shared_ptr<const kern::QuantMatrix> resident_quant(QuantType t, int64_t N, int64_t K, const Tensor& qs,
+                                                        const Tensor& sc, const ThreadPool* pool) {
+  if (weights_stay_mapped()) return std::make_shared<const kern::QuantMatrix>(t, N, K, qs, sc);
+  std::vector<Tensor> g = Tensor::empty_group({{qs.dtype(), qs.shape()}, {sc.dtype(), sc.shape()}});
+  copy_bytes(g[0].raw(), qs.raw(), qs.nbytes(), pool);
+  copy_bytes(g[1].raw(), sc.raw(), sc.nbytes(), pool);
+  release_mapped_pages(qs);
+  release_mapped_pages(sc);
+  return std::make_shared<const kern::QuantMatrix>(t, N, K, std::move(g[0]), std::move(g[1]));
 }
 }  // namespace
 
@@ -124,7 +143,7 @@ kern::LinearWeight make_linear(const Tensor& w, const std::string& key, QuantTyp
       throw BadModel(fmt::format("{}: '{}' is {}{} / {}{}, expected I32{} / F16{} for a [{}, {}] {} weight", f.path(),
                                  key, dtype_name(iq.dtype), shape_str(iq.shape), dtype_name(is.dtype),
                                  shape_str(is.shape), shape_str(want_q), shape_str(want_s), N, K, kern::quant_name(t)));
-    return kern::LinearWeight(std::make_shared<const kern::QuantMatrix>(t, N, K, f.get(kq), f.get(ks)));
+    return kern::LinearWeight(resident_quant(t, N, K, f.get(kq), f.get(ks), q.pool));
   }
   std::shared_ptr<const kern::QuantMatrix> qm;
   if (q.pool) {

@@ -20,8 +20,9 @@
 // "lm_head.weight[151670:151671]" and "lm_head.weight[151675:168059]"; its __metadata__ says
 // {"mm3_quant_format": "1", "mm3_quant_type": T, "mm3.type.<key>": int8|q4, ...}. The original
 // bf16 files are not touched (OUT is IN itself or a folder of links to IN's files). When a model is
-// loaded with type T and that sidecar exists it is mapped zero-copy; otherwise the bf16 weights are
-// quantized at load (same bytes: the quantizer is deterministic). OUT/mm3-quant/default.json
+// loaded with type T and that sidecar exists its tensors are read from it (copied into huge-page
+// memory, see make_linear); otherwise the bf16 weights are quantized at load (same bytes: the
+// quantizer is deterministic). OUT/mm3-quant/default.json
 // {"type": T} (written when OUT is a new folder) makes T the checkpoint's default, so a plain
 // `mm3 generate --model OUT` runs quantized.
 #pragma once
@@ -71,7 +72,8 @@ std::shared_ptr<const SafetensorsFile> open_quant_sidecar(const std::string& ckp
 // t None: the weight itself (the same bytes; a mapped view of >= 4 MiB is copied into huge-page
 // memory and its mapped pages released, which streams ~2x faster; MM3_MMAP_WEIGHTS=1 keeps the
 // view). Else the sidecar's tensors (BadModel naming the file and key when missing, of another type
-// or misshapen) or the quantized bf16 weight.
+// or misshapen; codes and scales copied into one huge-page allocation and their mapped pages
+// released, unless MM3_MMAP_WEIGHTS=1) or the quantized bf16 weight.
 kern::LinearWeight make_linear(const Tensor& w, const std::string& key, QuantType t, const QuantLoad& q);
 
 // Whether MM3_MMAP_WEIGHTS asks to keep weights as zero-copy views of the files (no resident copies).

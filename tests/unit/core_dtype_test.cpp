@@ -154,3 +154,32 @@ TEST(Tensor, ConversionRoundsLikeTorch) {
 
 }  // namespace
 }  // namespace mm3
+
+namespace mm3 {
+namespace {
+
+// Tensor::empty_group: one owned allocation, each tensor 64-byte aligned right after the previous one
+// (rounded up), shapes / dtypes / strides as asked, usable after the others are gone. RED: offsets
+// without the 64-byte rounding fail the alignment check (the F16 tensor holds 7 x 3 values).
+TEST(Tensor, EmptyGroupIsOneAlignedAllocation) {
+  std::vector<Tensor> g = Tensor::empty_group({{DType::F16, {7, 3}}, {DType::I32, {5, 2}}, {DType::F32, {0}}});
+  ASSERT_EQ(g.size(), 3u);
+  EXPECT_EQ(g[0].shape(), (Shape{7, 3}));
+  EXPECT_EQ(g[0].dtype(), DType::F16);
+  EXPECT_EQ(g[1].strides(), (std::vector<int64_t>{2, 1}));
+  EXPECT_EQ(g[2].numel(), 0);
+  const auto* b0 = static_cast<const unsigned char*>(g[0].raw());
+  const auto* b1 = static_cast<const unsigned char*>(g[1].raw());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b0) % 64, 0u);
+  EXPECT_EQ(b1, b0 + 64);  // 42 bytes rounded up to 64
+  for (const Tensor& t : g) EXPECT_FALSE(t.is_borrowed());
+  Tensor keep = g[1];
+  g.clear();  // the allocation lives as long as any of its tensors
+  int32_t* p = keep.data<int32_t>();
+  for (int i = 0; i < 10; ++i) p[i] = i;
+  EXPECT_EQ(keep.data<int32_t>()[9], 9);
+  EXPECT_THROW(Tensor::empty_group({{DType::F32, {2, -1}}}), InternalError);
+}
+
+}  // namespace
+}  // namespace mm3

@@ -1,6 +1,6 @@
 // models_quant_test.cpp — quantized LM / depth-decoder weights (model/quant_weights.h, issue 8):
 // QuantType::None is the unchanged model bit for bit; int8 / q4 models stay close to the bf16 one; a
-// sidecar written from a model's linears() loads back (zero-copy) to bitwise the same outputs as
+// sidecar written from a model's linears() loads back (copied out of the mapping) to bitwise the same outputs as
 // quantizing at load; defects of a sidecar are BadModel errors naming the key.
 #include <gtest/gtest.h>
 
@@ -123,7 +123,10 @@ std::string write_sidecar(const M& m, const std::string& path, QuantType t, cons
   return path;
 }
 
-TEST(ModelsQuant, SidecarRoundTripIsBitwiseAndZeroCopy) {
+// The sidecar's codes and scales are copied out of the mapping into one allocation (make_linear; RED:
+// the zero-copy views of before fail the is_borrowed / same-allocation checks), and the copies give
+// bitwise the outputs of quantizing at load; MM3_MMAP_WEIGHTS=1 keeps the views.
+TEST(ModelsQuant, SidecarRoundTripIsBitwiseAndResident) {
   Stores s;
   ThreadPool p1(1), p2(2);
   for (QuantType t : {QuantType::Int8, QuantType::Q4}) {
@@ -133,9 +136,20 @@ TEST(ModelsQuant, SidecarRoundTripIsBitwiseAndZeroCopy) {
     const std::string dir = s.dir.sub(std::string("q_") + kern::quant_name(t));
     auto lf = std::make_shared<const SafetensorsFile>(write_sidecar(a, dir + "/language_model.safetensors", t));
     auto df = std::make_shared<const SafetensorsFile>(write_sidecar(da, dir + "/rvq_depth_decoder.safetensors", t));
+    ::unsetenv("MM3_MMAP_WEIGHTS");
     const Qwen3Lm b(*s.lm, s.lc, QuantLoad{t, nullptr, lf});
     const RvqDepth db(*s.depth, s.dc, QuantLoad{t, nullptr, df});
-    for (const auto& [key, w] : b.linears()) EXPECT_TRUE(w->quant()->qs().is_borrowed()) << key << " was copied";
+    for (const auto& [key, w] : b.linears()) {
+      const kern::QuantMatrix& q = *w->quant();
+      EXPECT_FALSE(q.qs().is_borrowed() || q.scales().is_borrowed()) << key << " still maps the sidecar";
+      const auto* qb = static_cast<const unsigned char*>(q.qs().raw());
+      EXPECT_EQ(static_cast<const unsigned char*>(q.scales().raw()), qb + (q.qs().nbytes() + 63) / 64 * 64)
+          << key << ": codes and scales not in one allocation";
+    }
+    ::setenv("MM3_MMAP_WEIGHTS", "1", 1);
+    const Qwen3Lm mapped(*s.lm, s.lc, QuantLoad{t, nullptr, lf});
+    ::unsetenv("MM3_MMAP_WEIGHTS");
+    for (const auto& [key, w] : mapped.linears()) EXPECT_TRUE(w->quant()->qs().is_borrowed()) << key << " was copied";
     const auto oa = lm_outputs(a, p2), ob = lm_outputs(b, p1);
     EXPECT_EQ(std::memcmp(oa.data(), ob.data(), oa.size() * 4), 0) << "LM: sidecar != quantize-at-load";
     const auto qa = depth_outputs(da, a, p2), qb = depth_outputs(db, b, p1);
