@@ -120,12 +120,15 @@ RegisterStage gemv_bf16_gateup{{
 
 // The quantized decode GEMV (kernels/quant.h) at the gate_proj shape: the weight quantized once in
 // setup, copied to span >= 512 MiB like the bf16 stages, so each call streams its blocks from memory.
-StageRun quant_gemv_stage(const BenchContext& ctx, int64_t M, int64_t N, int64_t K, kern::QuantType qt) {
+// in_cache: one copy only (a small N keeps it in L2), so the stage measures the body's compute rate,
+// the ceiling the streaming stages are compared with.
+StageRun quant_gemv_stage(const BenchContext& ctx, int64_t M, int64_t N, int64_t K, kern::QuantType qt,
+                          bool in_cache = false) {
   const ThreadPool& pool = ctx.pool();
   const Tensor w0 = random_tensor(pool, DType::BF16, {N, K}, 0.02f, 1);
   const auto q0 = kern::quantize_weight(pool, w0, qt);
   const double wbytes = double(q0->bytes());
-  const int copies = std::max(1, static_cast<int>(std::ceil(512.0 * (1 << 20) / wbytes)));
+  const int copies = in_cache ? 1 : std::max(1, static_cast<int>(std::ceil(512.0 * (1 << 20) / wbytes)));
   auto ws = std::make_shared<std::vector<kern::LinearWeight>>();
   ws->emplace_back(q0);
   for (int c = 1; c < copies; ++c) {
@@ -185,6 +188,22 @@ RegisterStage gemv_q4_down{{
     .description = "gemv_q4_4096x12288_m2 at the LM down_proj shape ([4096, 12288])",
     .needs_model = false,
     .setup = [](const BenchContext& ctx) { return quant_gemv_stage(ctx, 2, 4096, 12288, kern::QuantType::Q4); },
+}};
+
+RegisterStage gemv_int8_l2{{
+    .name = "gemv_int8_192x4096_m2_l2",
+    .description = "the int8 decode GEMV over one [192, 4096] weight (836 KB) called again and again, so it stays "
+                   "in L2 (1 MB a core on Zen 4/5; use -t 1 for one core): the body's compute rate, plus the "
+                   "activation quantizing and pool dispatch of every call; gb_per_s is not a memory figure",
+    .needs_model = false,
+    .setup = [](const BenchContext& ctx) { return quant_gemv_stage(ctx, 2, 192, 4096, kern::QuantType::Int8, true); },
+}};
+
+RegisterStage gemv_q4_l2{{
+    .name = "gemv_q4_192x4096_m2_l2",
+    .description = "gemv_int8_192x4096_m2_l2 with the 4-bit format (492 KB)",
+    .needs_model = false,
+    .setup = [](const BenchContext& ctx) { return quant_gemv_stage(ctx, 2, 192, 4096, kern::QuantType::Q4, true); },
 }};
 
 RegisterStage gemm_bf16{{
