@@ -477,48 +477,48 @@ MM3_Q_TARGET inline void superblocks_vnni(const QuantActs& a, const uint8_t* con
                                           __m512 (&acc)[NB][M]) {
   const __m512i lo4 = _mm512_set1_epi8(0x0F);
   __m512i isum[NB][J][M];
-  #pragma GCC unroll 16
+#pragma GCC unroll 16
   for (int r = 0; r < NB; ++r)
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int j = 0; j < J; ++j)
-      #pragma GCC unroll 16
+#pragma GCC unroll 16
       for (int m = 0; m < M; ++m)
         isum[r][j][m] =
             I8 ? _mm512_loadu_si512(a.corr.data() + size_t(m * nblk + (s0 + j) * 16)) : _mm512_setzero_si512();
   const int8_t* xs = a.xq.data() + s0 * kQuantSuper;
   if constexpr (I8) {
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int v = 0; v < 8; ++v)
-      #pragma GCC unroll 16
+#pragma GCC unroll 16
       for (int j = 0; j < J; ++j) {
         __m512i xv[M];
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int m = 0; m < M; ++m) xv[m] = _mm512_loadu_si512(xs + m * a.Kp + j * kQuantSuper + 64 * v);
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int r = 0; r < NB; ++r) {
           const __m512i wv = _mm512_loadu_si512(qr[r] + (s0 + j) * kQuantSuper + 64 * v);
           __builtin_prefetch(qr[r] + (s0 + j) * kQuantSuper + 64 * v + kVnniPfBytes, 0, 0);
-          #pragma GCC unroll 16
+#pragma GCC unroll 16
           for (int m = 0; m < M; ++m) isum[r][j][m] = _mm512_dpbusd_epi32(isum[r][j][m], wv, xv[m]);
         }
       }
   } else {
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int c = 0; c < 4; ++c)
-      #pragma GCC unroll 16
+#pragma GCC unroll 16
       for (int j = 0; j < J; ++j) {  // chunk c holds unpacked vectors c (low nibbles) and c + 4 (high nibbles)
         __m512i xl[M], xh[M];
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int m = 0; m < M; ++m) {
           xl[m] = _mm512_loadu_si512(xs + m * a.Kp + j * kQuantSuper + 64 * c);
           xh[m] = _mm512_loadu_si512(xs + m * a.Kp + j * kQuantSuper + 64 * (c + 4));
         }
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int r = 0; r < NB; ++r) {
           const __m512i b = _mm512_loadu_si512(qr[r] + (s0 + j) * (kQuantSuper / 2) + 64 * c);
           __builtin_prefetch(qr[r] + (s0 + j) * (kQuantSuper / 2) + 64 * c + kVnniPfBytes, 0, 0);
           const __m512i wl = _mm512_and_si512(b, lo4), wh = _mm512_and_si512(_mm512_srli_epi16(b, 4), lo4);
-          #pragma GCC unroll 16
+#pragma GCC unroll 16
           for (int m = 0; m < M; ++m) {
             isum[r][j][m] = _mm512_dpbusd_epi32(isum[r][j][m], wl, xl[m]);
             isum[r][j][m] = _mm512_dpbusd_epi32(isum[r][j][m], wh, xh[m]);
@@ -526,16 +526,16 @@ MM3_Q_TARGET inline void superblocks_vnni(const QuantActs& a, const uint8_t* con
         }
       }
   }
-  #pragma GCC unroll 16
+#pragma GCC unroll 16
   for (int r = 0; r < NB; ++r)
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int j = 0; j < J; ++j) {
       const int64_t s = s0 + j;
       const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[r] + (I8 ? 16 : 32) * s)));
       __m512 mn = _mm512_setzero_ps();
       if constexpr (!I8)
         mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[r] + 32 * s + 16)));
-      #pragma GCC unroll 16
+#pragma GCC unroll 16
       for (int m = 0; m < M; ++m) {
         const size_t bi = size_t(m * nblk + s * 16);
         const __m512 dd = _mm512_mul_ps(d, _mm512_loadu_ps(a.dx.data() + bi));
