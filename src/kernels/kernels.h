@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "core/dtype.h"
 #include "core/tensor.h"
@@ -105,6 +106,20 @@ LinearWeight gemm_only_f32(const LinearWeight& w, const ThreadPool& pool);
 // and multiplied with AVX512-BF16 dot products where the CPU has them. y must not overlap x.
 void linear(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const LinearWeight& w, float* y,
             int64_t ldy, DType store);
+
+// linear() of several weights that read the same x (same in_features), e.g. a layer's q, k and v
+// projections: y_i = x · W_iᵀ (+ bias_i) rounded to `store`, bitwise what linear(x, *w_i) writes.
+// Where the decode GEMV serves them all (M <= 4; all quantized, or all plain of one dtype) it is one
+// parallel pass over their concatenated output rows: one pool dispatch and, quantized, one
+// quantization of x, instead of one per weight. Otherwise linear() on each in turn. Its reference is
+// linear() itself (kernels_linear.cpp compares bitwise). The y_i must not overlap x or each other.
+struct LinearOut {
+  const LinearWeight* w;
+  float* y;
+  int64_t ldy;
+};
+void linear_multi(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, std::span<const LinearOut> outs,
+                  DType store);
 
 // Plain fp32 GEMM (OpenBLAS): C[M,N] = alpha * op(A) * op(B) + beta * C, row-major. Note: OpenBLAS's
 // bits may change with the thread count; `linear` and the convolutions do not use it for that reason.

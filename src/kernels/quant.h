@@ -140,6 +140,16 @@ bool quant_isa_available(QuantIsa isa);
 // y[m, n] = the decode product above, for m < M <= 4. `isa` forces a path (tests); Auto picks the best.
 void quant_gemv(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const QuantMatrix& w,
                 const float* bias, float* y, int64_t ldy, DType store, QuantIsa isa = QuantIsa::Auto);
+// quant_gemv for several weights of the same K sharing x (kern::linear_multi): x quantized once, one
+// parallel pass over all their output rows; each output the same bits as quant_gemv gives it.
+struct QuantOut {
+  const QuantMatrix* w;
+  const float* bias;
+  float* y;
+  int64_t ldy;
+};
+void quant_gemv_multi(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const QuantOut* outs, int n,
+                      DType store, QuantIsa isa = QuantIsa::Auto);
 // y = the prefill product above (any M).
 void quant_gemm(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const QuantMatrix& w,
                 const float* bias, float* y, int64_t ldy, DType store);

@@ -1,5 +1,5 @@
 // qwen3_lm.cpp — Qwen3Lm (qwen3_lm.h; MODEL.md §1.2, §2.4, §2.9). Kernels: kern::embedding, rms_norm,
-// linear, rope_apply, attention, silu_mul, add.
+// linear, linear_multi, rope_apply, attention, silu_mul, add.
 // Exact torch op order: no fused multiply-add contraction (GCC contracts by default).
 #pragma GCC optimize("fp-contract=off")
 
@@ -187,9 +187,9 @@ void Qwen3Lm::forward(const ThreadPool& pool, const float* x, int B, int64_t S, 
       const Layer& L = layers_[l];
       // ---- self-attention ----
       kern::rms_norm(scr.x.data(), R, H, H, L.input_norm.data(), eps, scr.hn.data(), H, prec);  // [R, H]
-      kern::linear(pool, scr.hn.data(), R, H, L.q, scr.q.data(), QW, prec);                  // [R, Hq*D]
-      kern::linear(pool, scr.hn.data(), R, H, L.k, scr.k.data(), KW, prec);                  // [R, Hkv*D]
-      kern::linear(pool, scr.hn.data(), R, H, L.v, scr.v.data(), KW, prec);                  // [R, Hkv*D]
+      // q [R, Hq*D], k and v [R, Hkv*D]: one pass over the three weights when decoding (linear_multi)
+      const kern::LinearOut qkv[3] = {{&L.q, scr.q.data(), QW}, {&L.k, scr.k.data(), KW}, {&L.v, scr.v.data(), KW}};
+      kern::linear_multi(pool, scr.hn.data(), R, H, qkv, prec);
       // qk-norm: RMSNorm over head_dim of each head ([R*Hq, D] rows), before RoPE.
       kern::rms_norm(scr.q.data(), R * Hq, D, D, L.q_norm.data(), eps, scr.q.data(), D, prec);
       kern::rms_norm(scr.k.data(), R * Hkv, D, D, L.k_norm.data(), eps, scr.k.data(), D, prec);
@@ -208,8 +208,8 @@ void Qwen3Lm::forward(const ThreadPool& pool, const float* x, int B, int64_t S, 
       kern::add(scr.x.data(), scr.o.data(), scr.x.data(), R * H, prec);       // residual
       // ---- MLP (SwiGLU) ----
       kern::rms_norm(scr.x.data(), R, H, H, L.post_norm.data(), eps, scr.hn.data(), H, prec);
-      kern::linear(pool, scr.hn.data(), R, H, L.gate, scr.gate.data(), I, prec);  // [R, I]
-      kern::linear(pool, scr.hn.data(), R, H, L.up, scr.up.data(), I, prec);      // [R, I]
+      const kern::LinearOut gate_up[2] = {{&L.gate, scr.gate.data(), I}, {&L.up, scr.up.data(), I}};  // [R, I] each
+      kern::linear_multi(pool, scr.hn.data(), R, H, gate_up, prec);
       kern::silu_mul(scr.gate.data(), scr.up.data(), scr.gate.data(), R * I, prec);
       kern::linear(pool, scr.gate.data(), R, I, L.down, scr.o.data(), H, prec);   // [R, H]
       kern::add(scr.x.data(), scr.o.data(), scr.x.data(), R * H, prec);

@@ -1,5 +1,5 @@
 // rvq_depth.cpp — RvqDepth and frame_feedback_embedding (rvq_depth.h; MODEL.md §1.3, §2.7, §2.8).
-// Kernels: kern::linear, rms_norm, attention, silu_mul, add, embedding.
+// Kernels: kern::linear, linear_multi, rms_norm, attention, silu_mul, add, embedding.
 // Exact torch op order: no fused multiply-add contraction (GCC contracts by default).
 #pragma GCC optimize("fp-contract=off")
 
@@ -149,9 +149,9 @@ void RvqDepth::step(const ThreadPool& pool, const float* seq, int B, int64_t S, 
     const Layer& L = layers_[l];
     const int li = static_cast<int>(l);
     kern::rms_norm(st.x.data(), R, H, H, L.input_norm.data(), eps, st.hn.data(), H, prec);  // [R, H]
-    kern::linear(pool, st.hn.data(), R, H, L.q, st.q.data(), H, prec);                    // [R, Hn*D]
-    kern::linear(pool, st.hn.data(), R, H, L.k, st.k.data(), H, prec);
-    kern::linear(pool, st.hn.data(), R, H, L.v, st.v.data(), H, prec);
+    // q, k, v [R, Hn*D] each: one pass over the three weights when decoding (linear_multi)
+    const kern::LinearOut qkv[3] = {{&L.q, st.q.data(), H}, {&L.k, st.k.data(), H}, {&L.v, st.v.data(), H}};
+    kern::linear_multi(pool, st.hn.data(), R, H, qkv, prec);
     for (int b = 0; b < B; ++b) {
       const int64_t r0 = int64_t(b) * S;
       cache.write(li, b, p0, S, st.k.data() + r0 * H, st.v.data() + r0 * H, H);
@@ -161,8 +161,8 @@ void RvqDepth::step(const ThreadPool& pool, const float* seq, int B, int64_t S, 
     kern::linear(pool, st.att.data(), R, H, L.o, st.o.data(), H, prec);  // [R, H]
     kern::add(st.x.data(), st.o.data(), st.x.data(), R * H, prec);
     kern::rms_norm(st.x.data(), R, H, H, L.post_norm.data(), eps, st.hn.data(), H, prec);
-    kern::linear(pool, st.hn.data(), R, H, L.gate, st.gate.data(), I, prec);  // [R, I]
-    kern::linear(pool, st.hn.data(), R, H, L.up, st.up.data(), I, prec);
+    const kern::LinearOut gate_up[2] = {{&L.gate, st.gate.data(), I}, {&L.up, st.up.data(), I}};  // [R, I] each
+    kern::linear_multi(pool, st.hn.data(), R, H, gate_up, prec);
     kern::silu_mul(st.gate.data(), st.up.data(), st.gate.data(), R * I, prec);
     kern::linear(pool, st.gate.data(), R, I, L.down, st.o.data(), H, prec);  // [R, H]
     kern::add(st.x.data(), st.o.data(), st.x.data(), R * H, prec);

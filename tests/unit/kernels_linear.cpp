@@ -259,6 +259,54 @@ TEST(KernelsLinear, RejectsBadLeadingDims) {
   EXPECT_THROW(kern::linear(pool, x.data(), 2, 8, w, y.data(), 3, DType::F32), InternalError);
 }
 
+// linear_multi writes bitwise what linear() on each weight writes, for every kind of weight it
+// groups (plain F32, plain BF16 with either store, int8, q4, int8 + q4) and for the mixes it hands
+// back to linear() one by one (plain + quantized, M > 4), on 1 and 2 threads, into one fused output
+// buffer (ldy > the total, gaps untouched). N = 37, 130, 9 with K = 517 (two quantized superblocks,
+// the second padded) put segment borders inside the pool's chunks. RED: passing a chunk's rows of the
+// concatenation to a weight without subtracting its start row (n0 instead of n0 - starts[i]) fails.
+TEST(KernelsLinear, MultiEqualsSeparateLinears) {
+  ThreadPool p1(1), p2(2);
+  Rng rng(91);
+  const int64_t K = 517, Ns[3] = {37, 130, 9}, total = 37 + 130 + 9, ldy = total + 3;
+  const bool biased[3] = {true, false, true};
+  enum Kind { F32, BF16, I8, Q4 };
+  auto make = [&](Kind kind, int64_t N, bool bias) {
+    kern::LinearWeight w = make_weight(rng, N, K, kind == F32 ? DType::F32 : DType::BF16, bias, DType::F32);
+    if (kind == I8 || kind == Q4)
+      w = kern::LinearWeight(
+          kern::quantize_weight(p2, w.weight(), kind == I8 ? kern::QuantType::Int8 : kern::QuantType::Q4),
+          w.has_bias() ? w.bias() : Tensor());
+    return w;
+  };
+  const std::vector<std::vector<Kind>> groups = {{F32, F32, F32}, {BF16, BF16, BF16}, {I8, I8, I8},    {Q4, Q4, Q4},
+                                                 {I8, Q4, I8},    {BF16, I8, BF16},   {F32, BF16, F32}};
+  for (const auto& kinds : groups)
+    for (DType store : {DType::F32, DType::BF16})
+      for (int64_t M : {1, 2, 3, 4, 6}) {
+        SCOPED_TRACE(::testing::Message() << "kinds " << kinds[0] << kinds[1] << kinds[2]
+                                          << " store=" << test::store_name(store) << " M=" << M);
+        std::vector<kern::LinearWeight> ws;
+        for (int i = 0; i < 3; ++i) ws.push_back(make(kinds[size_t(i)], Ns[i], biased[i]));
+        std::vector<float> x = rng.vec(static_cast<size_t>(M * K), -1.f, 1.f, true);
+        std::vector<float> want(static_cast<size_t>(M * ldy), -7.f);
+        for (int64_t i = 0, off = 0; i < 3; off += Ns[i], ++i)
+          kern::linear(p2, x.data(), M, K, ws[size_t(i)], want.data() + off, ldy, store);
+        for (const ThreadPool* pool : {&p1, &p2}) {
+          std::vector<float> got(want.size(), -7.f);
+          const kern::LinearOut outs[3] = {
+              {&ws[0], got.data(), ldy}, {&ws[1], got.data() + Ns[0], ldy}, {&ws[2], got.data() + Ns[0] + Ns[1], ldy}};
+          kern::linear_multi(*pool, x.data(), M, K, outs, store);
+          EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0) << pool->size() << " threads";
+        }
+      }
+  // Inputs of different widths are an error, not a silent misread.
+  const kern::LinearWeight a = make(F32, 4, false), b = make_weight(rng, 4, 8, DType::F32, false, DType::F32);
+  std::vector<float> x(2 * K), y(16);
+  const kern::LinearOut bad[2] = {{&a, y.data(), 4}, {&b, y.data() + 8, 4}};
+  EXPECT_THROW(kern::linear_multi(p1, x.data(), 2, K, bad, DType::F32), InternalError);
+}
+
 TEST(KernelsGemm, MatchesRefAllTransposes) {
   ThreadPool pool(2);
   Rng rng(9);

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "kernels/cpu/gemm_nt.h"
+#include "kernels/cpu/segments.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/kernels.h"
 
@@ -323,15 +324,27 @@ void epilogue(const float* sums, int64_t M, int64_t N, const float* bias, float*
   }
 }
 
-void linear_gemv(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const LinearWeight& w, float* y,
-                 int64_t ldy, DType store) {
-  const int64_t N = w.out_features(), K = w.in_features();
-  const bool wb = w.weight().dtype() == DType::BF16;
-  const void* wp = w.weight().raw();
-  const float* bias = w.bias_f32();
-  std::vector<float> sums(static_cast<size_t>(M * N));
+// The GEMV of several plain weights of one dtype and K sharing x (one entry: linear's own GEMV): one
+// parallel pass over their concatenated output rows. Each output is computed exactly as for its
+// weight alone (the row kernels take any row range), so grouping never changes a bit.
+void linear_gemv(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const LinearOut* outs, int n,
+                 DType store) {
+  const LinearWeight& w0 = *outs[0].w;
+  const int64_t K = w0.in_features();
+  const bool wb = w0.weight().dtype() == DType::BF16;
+  std::vector<int64_t> starts(size_t(n) + 1, 0);
+  for (int i = 0; i < n; ++i) starts[size_t(i) + 1] = starts[size_t(i)] + outs[i].w->out_features();
+  // Weight i's fp32 sums: M rows of its N_i outputs, from sums + M * starts[i].
+  std::vector<float> sums(static_cast<size_t>(M * starts.back()));
   // Enough rows per chunk that a chunk streams at least ~64 KiB of weights.
   const int64_t min_rows = std::max<int64_t>(1, (64 * 1024) / std::max<int64_t>(1, K * (wb ? 2 : 4)));
+  auto segment = [&](size_t i, int64_t n0, int64_t n1, auto&& rows) {
+    const LinearWeight& w = *outs[i].w;
+    const int64_t N = w.out_features();
+    float* s = sums.data() + M * starts[i];
+    rows(w.weight().raw(), n0, n1, s, N);
+    epilogue(s, M, N, w.bias_f32(), outs[i].y, outs[i].ldy, n0, n1, store);
+  };
 
   if (wb && store == DType::BF16 && cpu_has_avx512bf16()) {
     // bf16 computation: x is bf16-valued by convention, so its bf16 copy is exact.
@@ -339,22 +352,23 @@ void linear_gemv(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx,
     std::vector<uint16_t> xb(static_cast<size_t>(M * Kp), 0);
     for (int64_t m = 0; m < M; ++m) f32_to_bf16(x + m * ldx, xb.data() + m * Kp, static_cast<size_t>(K));
     GemvBf16Fn fn = pick_gemv_bf16(static_cast<int>(M));
-    const uint16_t* wbits = static_cast<const uint16_t*>(wp);
+    auto rows = [&](const void* wp, int64_t n0, int64_t n1, float* s, int64_t N) {
+      fn(xb.data(), Kp, static_cast<const uint16_t*>(wp), K, n0, n1, s, N);
+    };
     pool.parallel_for(
-        N,
-        [&](int64_t n0, int64_t n1) {
-          fn(xb.data(), Kp, wbits, K, n0, n1, sums.data(), N);
-          epilogue(sums.data(), M, N, bias, y, ldy, n0, n1, store);
+        starts.back(),
+        [&](int64_t b, int64_t e) {
+          detail::for_segments(starts, b, e, [&](size_t i, int64_t n0, int64_t n1) { segment(i, n0, n1, rows); });
         },
         min_rows);
     return;
   }
   GemvFn fn = wb ? pick_gemv<true>(static_cast<int>(M)) : pick_gemv<false>(static_cast<int>(M));
+  auto rows = [&](const void* wp, int64_t n0, int64_t n1, float* s, int64_t N) { fn(x, ldx, wp, K, n0, n1, s, N); };
   pool.parallel_for(
-      N,
-      [&](int64_t n0, int64_t n1) {
-        fn(x, ldx, wp, K, n0, n1, sums.data(), N);
-        epilogue(sums.data(), M, N, bias, y, ldy, n0, n1, store);
+      starts.back(),
+      [&](int64_t b, int64_t e) {
+        detail::for_segments(starts, b, e, [&](size_t i, int64_t n0, int64_t n1) { segment(i, n0, n1, rows); });
       },
       min_rows);
 }
@@ -414,10 +428,42 @@ void linear(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, cons
       detail::quant_gemm(pool, x, M, ldx, *w.quant(), w.bias_f32(), y, ldy, store);
     return;
   }
-  if (M <= kGemvMaxM)
-    linear_gemv(pool, x, M, ldx, w, y, ldy, store);
-  else
+  if (M <= kGemvMaxM) {
+    const LinearOut one{&w, y, ldy};
+    linear_gemv(pool, x, M, ldx, &one, 1, store);
+  } else {
     linear_gemm(pool, x, M, ldx, w, y, ldy, store);
+  }
+}
+
+void linear_multi(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, std::span<const LinearOut> outs,
+                  DType store) {
+  if (outs.empty() || M == 0) return;
+  const LinearWeight& w0 = *outs[0].w;
+  // One pass where every weight takes the same GEMV: all quantized (any mix of int8 / q4), or all
+  // plain of one dtype; otherwise (M > 4, a blocked GEMM form, a mix) linear() on each in turn.
+  bool group = M <= kGemvMaxM && outs.size() > 1;
+  for (const LinearOut& o : outs) {
+    const LinearWeight& w = *o.w;
+    MM3_CHECK(w.out_features() > 0 && w.in_features() == w0.in_features(),
+              "linear_multi: weight [{}, {}] beside in_features {}", w.out_features(), w.in_features(),
+              w0.in_features());
+    MM3_CHECK(M >= 0 && ldx >= w.in_features() && o.ldy >= w.out_features(),
+              "linear_multi: M={} ldx={} ldy={} for weight [{}, {}]", M, ldx, o.ldy, w.out_features(), w.in_features());
+    group = group && !w.gemm_form() && w.quantized() == w0.quantized() &&
+            (w.quantized() || w.weight().dtype() == w0.weight().dtype());
+  }
+  if (!group) {
+    for (const LinearOut& o : outs) linear(pool, x, M, ldx, *o.w, o.y, o.ldy, store);
+    return;
+  }
+  if (w0.quantized()) {
+    std::vector<detail::QuantOut> q;
+    for (const LinearOut& o : outs) q.push_back({o.w->quant(), o.w->bias_f32(), o.y, o.ldy});
+    detail::quant_gemv_multi(pool, x, M, ldx, q.data(), static_cast<int>(q.size()), store);
+    return;
+  }
+  linear_gemv(pool, x, M, ldx, outs.data(), static_cast<int>(outs.size()), store);
 }
 
 void gemm_f32(const ThreadPool& pool, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,

@@ -20,6 +20,7 @@
 
 #include "core/errors.h"
 #include "kernels/cpu/gemm_nt.h"
+#include "kernels/cpu/segments.h"
 #include "kernels/cpu/simd.h"
 
 namespace mm3::kern {
@@ -723,8 +724,21 @@ bool quant_isa_available(QuantIsa isa) {
 
 void quant_gemv(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const QuantMatrix& w,
                 const float* bias, float* y, int64_t ldy, DType store, QuantIsa isa) {
-  const int64_t N = w.rows(), K = w.cols();
-  MM3_CHECK(M >= 1 && M <= 4 && ldx >= K && ldy >= N, "quant_gemv: M={} ldx={} ldy={} for [{}, {}]", M, ldx, ldy, N, K);
+  const QuantOut one{&w, bias, y, ldy};
+  quant_gemv_multi(pool, x, M, ldx, &one, 1, store, isa);
+}
+
+void quant_gemv_multi(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const QuantOut* outs, int n,
+                      DType store, QuantIsa isa) {
+  MM3_CHECK(n >= 1, "quant_gemv_multi: no weights");
+  const int64_t K = outs[0].w->cols();
+  std::vector<int64_t> starts(size_t(n) + 1, 0);
+  for (int i = 0; i < n; ++i) {
+    const QuantMatrix& w = *outs[i].w;
+    MM3_CHECK(M >= 1 && M <= 4 && ldx >= K && w.cols() == K && outs[i].ldy >= w.rows(),
+              "quant_gemv: M={} ldx={} ldy={} for [{}, {}] (K {})", M, ldx, outs[i].ldy, w.rows(), w.cols(), K);
+    starts[size_t(i) + 1] = starts[size_t(i)] + w.rows();
+  }
   if (isa == QuantIsa::Auto)
     isa = cpu_has_vnni() ? QuantIsa::Avx512Vnni : cpu_has_quant_avx2() ? QuantIsa::Avx2 : QuantIsa::Scalar;
   MM3_CHECK(quant_isa_available(isa), "quant_gemv: the requested ISA is not available on this CPU");
@@ -733,15 +747,22 @@ void quant_gemv(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, 
   thread_local QuantActs tl_acts;
   QuantActs& a = tl_acts;
   quantize_acts(x, M, ldx, K, a, isa == QuantIsa::Scalar);
-  const GemvOut out{y, ldy, bias, store};
-  const bool i8 = w.type() == QuantType::Int8;
-  GemvFn fn = isa == QuantIsa::Scalar ? gemv_scalar
-              : isa == QuantIsa::Avx2 ? (i8 ? pick_avx2<true>(M) : pick_avx2<false>(M))
-                                      : (i8 ? pick_vnni<true>(M) : pick_vnni<false>(M));
-  const int64_t row_bytes = w.row_qs_bytes() + 2 * w.row_scales();
+  std::vector<GemvOut> out(static_cast<size_t>(n));
+  std::vector<GemvFn> fn(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    out[size_t(i)] = GemvOut{outs[i].y, outs[i].ldy, outs[i].bias, store};
+    const bool i8 = outs[i].w->type() == QuantType::Int8;
+    fn[size_t(i)] = isa == QuantIsa::Scalar ? gemv_scalar
+                    : isa == QuantIsa::Avx2 ? (i8 ? pick_avx2<true>(M) : pick_avx2<false>(M))
+                                            : (i8 ? pick_vnni<true>(M) : pick_vnni<false>(M));
+  }
+  const int64_t row_bytes = outs[0].w->row_qs_bytes() + 2 * outs[0].w->row_scales();
   const int64_t min_rows = std::max<int64_t>(1, (64 * 1024) / row_bytes);
   pool.parallel_for(
-      N, [&](int64_t n0, int64_t n1) { fn(a, w, n0, n1, out); },
+      starts.back(),
+      [&](int64_t b, int64_t e) {
+        for_segments(starts, b, e, [&](size_t i, int64_t lo, int64_t hi) { fn[i](a, *outs[i].w, lo, hi, out[i]); });
+      },
       min_rows);
 }
 
