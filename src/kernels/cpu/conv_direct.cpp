@@ -730,9 +730,12 @@ void direct_run(const ThreadPool& pool, const ConvWeight& cw, const Packed& P, c
   // One-tap layers: chunks as long as a ~384 KiB slab allows (256-4096 outputs): their narrow layers
   // (96-192 channels) read each input and residual row in longer runs, which the hardware prefetchers
   // follow (vocoder block 3's conv2 + Snake + residual, 2 threads, 3 interleaved rounds: bf16
-  // 36.9-37.7 -> 34.1-34.4 ms, block 2's 48.7-50.3 -> 45.7-47.2 ms; fp32 alike). Wide ones keep 256.
+  // 36.9-37.7 -> 34.1-34.4 ms, block 2's 48.7-50.3 -> 45.7-47.2 ms; fp32 alike). Wide ones keep 256,
+  // and so does the AVX2 path (not measured there; Zen 3's L2 is half the size).
   const int64_t tc_one_tap =
-      std::clamp<int64_t>(kOneTapSlabBytes / (KR * int64_t(sizeof(Elem))) / kNR * kNR, 256, 4096);
+      detail::cpu_has_avx512()
+          ? std::clamp<int64_t>(kOneTapSlabBytes / (KR * int64_t(sizeof(Elem))) / kNR * kNR, 256, 4096)
+          : 256;
   const int64_t tc_max = P.taps == 1 ? tc_one_tap : detail::cpu_has_avx512() ? 1024 : kTcMaxAvx2;
   const int64_t TC = std::clamp<int64_t>(((Lout + want - 1) / want + kNR - 1) / kNR * kNR, 256, tc_max);
   const int64_t n_tc = (Lout + TC - 1) / TC;
