@@ -61,6 +61,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/aligned.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
@@ -126,10 +127,11 @@ namespace detail {
 // dx, the Int8 correction −128 · sx (the weights are stored as q + 128) and dx · float(sx) for Q4.
 struct QuantActs {
   int64_t M = 0, Kp = 0;
-  std::vector<int8_t> xq;      // [M, Kp]
-  std::vector<float> dx;       // [M, Kp / 32]
-  std::vector<int32_t> corr;   // [M, Kp / 32]
-  std::vector<float> sxdx;     // [M, Kp / 32]
+  // On cache lines (the bodies load 64 bytes at a time; core/aligned.h says what a split line costs).
+  aligned_vector<int8_t> xq;     // [M, Kp]
+  aligned_vector<float> dx;      // [M, Kp / 32]
+  aligned_vector<int32_t> corr;  // [M, Kp / 32]
+  aligned_vector<float> sxdx;    // [M, Kp / 32]
 };
 // scalar: the portable loop even where AVX-512 is available (both give the same bytes).
 void quantize_acts(const float* x, int64_t M, int64_t ldx, int64_t K, QuantActs& a, bool scalar = false);

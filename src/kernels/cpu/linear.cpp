@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "core/aligned.h"
 #include "kernels/cpu/gemm_nt.h"
 #include "kernels/cpu/segments.h"
 #include "kernels/cpu/simd.h"
@@ -349,7 +350,7 @@ void linear_gemv(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx,
   if (wb && store == DType::BF16 && cpu_has_avx512bf16()) {
     // bf16 computation: x is bf16-valued by convention, so its bf16 copy is exact.
     const int64_t Kp = (K + 1) & ~int64_t(1);
-    std::vector<uint16_t> xb(static_cast<size_t>(M * Kp), 0);
+    aligned_vector<uint16_t> xb(static_cast<size_t>(M * Kp), 0);  // on a cache line (core/aligned.h)
     for (int64_t m = 0; m < M; ++m) f32_to_bf16(x + m * ldx, xb.data() + m * Kp, static_cast<size_t>(K));
     GemvBf16Fn fn = pick_gemv_bf16(static_cast<int>(M));
     auto rows = [&](const void* wp, int64_t n0, int64_t n1, float* s, int64_t N) {

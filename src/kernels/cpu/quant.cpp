@@ -456,10 +456,17 @@ MM3_Q_TARGET inline float lane_tree_v(__m512 acc) {
 // ends, so each row began with demand misses (perf: ~30% of the body's samples on the first load after
 // a 512-byte step). Measured on Zen 5 (2 threads), A/B interleaved run by run in one process, 20 runs
 // each: ar_frame_int8 0.298 -> 0.249 s, ar_frame_q4 0.275 -> 0.259 s; gemv_int8_4096x12288_m2 +17% in
-// 8 of 8 process pairs, q4 +8%. 512-2048 bytes measured alike; the T0 hint no better. The same
-// prefetch in the bf16 GEMV (rows 8 KiB, 4 side by side) moved ar_frame by nothing (0.437 / 0.445 s),
-// so that path has none. A prefetch changes no value and never faults, so it may run past the end.
-constexpr int64_t kVnniPfBytes = 1024;
+// 8 of 8 process pairs, q4 +8%. The same prefetch in the bf16 GEMV (rows 8 KiB, 4 side by side) moved
+// ar_frame by nothing (0.437 / 0.445 s), so that path has none. A prefetch changes no value and never
+// faults, so it may run past the end.
+// The distance was 1024 bytes until the activations sat on cache lines (core/aligned.h); since then
+// the body is fast enough that 1 KiB (~30 ns of a core's compute) no longer covers memory's latency.
+// ar_frame in one process, Zen 5, 15 runs per setting interleaved: q4 1024 / 2048 / 4096 / 6144 / 8192
+// bytes 238.7 / 217.9 / 220.8 / 218.3 / 214.6 ms; int8 1024 / 4096 / 8192: 302.9 / 282.5 / 285.8 ms.
+// The scales row (a separate stream, 1/4 of the q4 bytes) gets its own prefetch kVnniScPfBytes ahead:
+// q4 222.1 -> 209.7 ms (int8 282.5 -> 279.3, within the noise).
+constexpr int64_t kVnniPfBytes = 4096;
+constexpr int64_t kVnniScPfBytes = 2048;
 
 // NB rows (n-th pointers in qr / sc), superblocks [s0, s0 + J), M activation rows. Each row's bytes
 // are read front to back (within a group of J superblocks, vector v of each in turn); each (row,
@@ -532,6 +539,7 @@ MM3_Q_TARGET inline void superblocks_vnni(const QuantActs& a, const uint8_t* con
 #pragma GCC unroll 16
     for (int j = 0; j < J; ++j) {
       const int64_t s = s0 + j;
+      __builtin_prefetch(reinterpret_cast<const char*>(sc[r] + (I8 ? 16 : 32) * s) + kVnniScPfBytes, 0, 0);
       const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[r] + (I8 ? 16 : 32) * s)));
       __m512 mn = _mm512_setzero_ps();
       if constexpr (!I8)
