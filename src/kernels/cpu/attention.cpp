@@ -27,6 +27,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/aligned.h"
 #include "kernels/cpu/gemm_nt.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/kernels.h"
@@ -224,7 +225,7 @@ MM3_ATTN_INLINE void pv_keys(const PvArgs& pa, int64_t nk, __m512 (&acc)[kRB][4]
     for (int c = 0; c < 4; ++c) acc[r][c] = ac[r][c];
 }
 
-void attention_item(const AttnItem& a, int64_t i0, int64_t nq, std::vector<float>& S) {
+void attention_item(const AttnItem& a, int64_t i0, int64_t nq, aligned_vector<float>& S) {
   const int rows = static_cast<int>(nq) * a.group;
   S.resize(static_cast<size_t>(rows) * a.ldkt);
   std::vector<const float*> qr(rows);
@@ -292,7 +293,7 @@ void attention_item(const AttnItem& a, int64_t i0, int64_t nq, std::vector<float
   int64_t nkall = 0;
   for (int r = 0; r < rows; ++r) nkall = std::max(nkall, nk[r]);
   const int64_t nblk = (nkall + kRefKv - 1) / kRefKv;
-  std::vector<float> inv(rows), alpha(static_cast<size_t>(rows) * nblk);
+  aligned_vector<float> inv(rows), alpha(static_cast<size_t>(rows) * nblk);
   softmax_numerators(S.data(), a.ldkt, rows, nk.data(), nblk, a.kv_span, a.store, alpha.data(), inv.data());
   // ---- out_r = (sum_j e_rj v_j) * inv_r: 4 rows x 64 dims in registers, keys sequential; at each
   // 512-key boundary the row's partial sum is rescaled by alpha_b first ----
@@ -443,7 +444,8 @@ void attention_gemm(const ThreadPool& pool, const float* q, int64_t ldq, const f
   const int64_t hd = int64_t(Hkv) * D;
   int64_t ldvt = (Skv + 31) / 32 * 32;
   if (ldvt % 2048 == 0) ldvt += 32;  // no 4 KiB-aliased rows
-  std::vector<uint16_t> kb(bfdot ? static_cast<size_t>(Skv * hd) : 0), vt(bfdot ? static_cast<size_t>(hd * ldvt) : 0);
+  aligned_vector<uint16_t> kb(bfdot ? static_cast<size_t>(Skv * hd) : 0),
+      vt(bfdot ? static_cast<size_t>(hd * ldvt) : 0);
   if (bfdot) {
     pool.parallel_for(
         Skv,
@@ -468,7 +470,7 @@ void attention_gemm(const ThreadPool& pool, const float* q, int64_t ldq, const f
   pool.parallel_for(
       int64_t(Hq) * nqb,
       [&](int64_t t0, int64_t t1) {
-        std::vector<float> S(static_cast<size_t>(kGemmQB * lds)), O(static_cast<size_t>(kGemmQB * D)),
+        aligned_vector<float> S(static_cast<size_t>(kGemmQB * lds)), O(static_cast<size_t>(kGemmQB * D)),
             T(static_cast<size_t>(kGemmQB * D)), alpha(static_cast<size_t>(kGemmQB * nblk)), inv(kGemmQB);
         const std::vector<int64_t> nk(kGemmQB, Skv);
         for (int64_t t = t0; t < t1; ++t) {
@@ -538,7 +540,7 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
   // head. Worth its extra pass over K only when many rows read each key (prefill, the DiT); a decode
   // step (few rows per KV head) takes direct dot products instead.
   const bool use_kt = Sq * group >= 16;
-  std::vector<float> kt(use_kt ? static_cast<size_t>(Hkv) * D * ldkt : 0);
+  aligned_vector<float> kt(use_kt ? static_cast<size_t>(Hkv) * D * ldkt : 0);
   // Tasks = (kv head, block of 64 keys): rows of K are read contiguously, the transposed block's
   // 64-float runs are written while they sit in L1.
   const int64_t nkb = use_kt ? skv64 / kKB : 0;
@@ -571,7 +573,7 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
               kb,    out, ldo,   Skv,   group,   0,      D,     scale, causal,
               q_pos0, span, store};
   pool.parallel_for(Hkv * nqb, [&](int64_t b, int64_t e) {
-    std::vector<float> S;
+    aligned_vector<float> S;
     for (int64_t t = b; t < e; ++t) {
       AttnItem a = it;
       a.hk = static_cast<int>(t / nqb);
@@ -721,7 +723,7 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
     pool.parallel_for(
         Sq * blocks,
         [&](int64_t b, int64_t e) {
-          std::vector<float> S, acc, alpha, inv;
+          aligned_vector<float> S, acc, alpha, inv;
           std::vector<int64_t> nks;
           for (int64_t it = b; it < e; ++it) {
             const int64_t i = it / blocks;
@@ -817,8 +819,8 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
   pool.parallel_for(
       Sq * Hq,
       [&](int64_t b, int64_t e) {
-        std::vector<float> s(static_cast<size_t>(Skv));
-        std::vector<float> acc(static_cast<size_t>(D)), alpha;
+        aligned_vector<float> s(static_cast<size_t>(Skv));
+        aligned_vector<float> acc(static_cast<size_t>(D)), alpha;
         for (int64_t it = b; it < e; ++it) {
           const int64_t i = it / Hq;
           const int h = static_cast<int>(it % Hq);

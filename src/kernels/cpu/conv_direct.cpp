@@ -33,12 +33,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
-#include <cstdlib>
 #include <vector>
 
+#include "core/aligned.h"
 #include "kernels/cpu/conv_detail.h"
 #include "kernels/cpu/gemm_nt.h"
 #include "kernels/cpu/simd.h"
@@ -96,15 +97,15 @@ bool conv_gemm_run(const ThreadPool& pool, const ConvWeight& cw, const GemmForm&
   const int64_t CK = Cin * K;
   // Column chunks: the im2col block (CK x n bf16) about 4 MiB, a multiple of 64 columns.
   const int64_t n = std::clamp<int64_t>((int64_t(1) << 21) / CK / 64 * 64, 64, std::max<int64_t>(64, Lout));
-  thread_local std::vector<uint16_t> xa, col;
-  thread_local std::vector<float> acc;
+  thread_local aligned_vector<uint16_t> xa, col;
+  thread_local aligned_vector<float> acc;
   if (xa.size() < static_cast<size_t>(Cin * L)) xa.resize(static_cast<size_t>(Cin * L));
   if (col.size() < static_cast<size_t>(CK * n)) col.resize(static_cast<size_t>(CK * n));
   if (acc.size() < static_cast<size_t>(Cout * n)) acc.resize(static_cast<size_t>(Cout * n));
   uint16_t *const xp = xa.data(), *const cp = col.data();
   // The input as bf16 (bf16-valued by the bf16 convention; Snake'd in bf16 first when fused).
   pool.parallel_for(Cin, [&](int64_t c0, int64_t c1) {
-    thread_local std::vector<float> row;  // a worker's Snake row, kept (fresh pages cost faults)
+    thread_local aligned_vector<float> row;  // a worker's Snake row, kept (fresh pages cost faults)
     if (fusion.snake_alpha && row.size() < static_cast<size_t>(L)) row.resize(static_cast<size_t>(L));
     for (int64_t c = c0; c < c1; ++c) {
       const float* src = x + c * L;
@@ -761,10 +762,13 @@ void direct_run(const ThreadPool& pool, const ConvWeight& cw, const Packed& P, c
         // written up to the last one a tile reads, partial sums are read only after a slab stored them,
         // and `line` is cleared before each use.
         const size_t line_n = tr ? static_cast<size_t>((TC + P.span + 2 * stride) / stride + 16) : 0;
-        std::unique_ptr<Elem[]> slab_buf(new Elem[static_cast<size_t>(KR * ld)]);
-        std::unique_ptr<float[]> pair_buf(Pairs ? new float[static_cast<size_t>(2 * ld)] : nullptr);
-        std::unique_ptr<float[]> part_buf(multi ? new float[static_cast<size_t>(G * kMR * TC)] : nullptr);
-        std::unique_ptr<float[]> line_buf(tr ? new float[line_n] : nullptr);
+        // On cache lines (core/aligned.h): the tiles load and store whole vectors of them.
+        const aligned_buffer<Elem> slab_buf = make_aligned_buffer<Elem>(static_cast<size_t>(KR * ld));
+        const aligned_buffer<float> pair_buf =
+            Pairs ? make_aligned_buffer<float>(static_cast<size_t>(2 * ld)) : nullptr;
+        const aligned_buffer<float> part_buf =
+            multi ? make_aligned_buffer<float>(static_cast<size_t>(G * kMR * TC)) : nullptr;
+        const aligned_buffer<float> line_buf = tr ? make_aligned_buffer<float>(line_n) : nullptr;
         Elem* const slab = slab_buf.get();
         float* const part = part_buf.get();
         float* const line = line_buf.get();

@@ -14,14 +14,14 @@
 // products (oneDNN's order), the bias added in fp32 by oneDNN, one rounding here.
 #include <omp.h>
 
-#include <dnnl.hpp>
-
 #include <cstdlib>
 #include <cstring>
+#include <dnnl.hpp>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "core/aligned.h"
 #include "core/errors.h"
 #include "kernels/cpu/gemm_nt.h"
 #include "kernels/cpu/simd.h"
@@ -114,7 +114,7 @@ void dnnl_linear_bf16(const ThreadPool& pool, const float* x, int64_t M, int64_t
   // x is bf16-valued by the bf16 convention, so the bf16 copy is exact.
   // The caller's buffer, reused across calls (a fresh one per call would fault its pages in again);
   // the workers get its address, not their own thread_local.
-  thread_local std::vector<uint16_t> xbuf;
+  thread_local aligned_vector<uint16_t> xbuf;
   if (xbuf.size() < static_cast<size_t>(M * K)) xbuf.resize(static_cast<size_t>(M * K));
   uint16_t* const xb = xbuf.data();
   pool.parallel_for(M, [&](int64_t b, int64_t e) {
@@ -125,7 +125,7 @@ void dnnl_linear_bf16(const ThreadPool& pool, const float* x, int64_t M, int64_t
   // one and otherwise falls back to gemm:jit with the packed weights reordered to plain on every call
   // (measured on Zen 4 at M = 1380, N = K = 2048: 33.9 + 2.7 ms against brgemm's 32.4). So the GEMM writes
   // a dense scratch and the rounding pass below moves the rows into place.
-  thread_local std::vector<float> ybuf;
+  thread_local aligned_vector<float> ybuf;
   const bool dense = ldy == N;
   if (!dense && ybuf.size() < static_cast<size_t>(M * N)) ybuf.resize(static_cast<size_t>(M * N));
   float* const yd = dense ? y : ybuf.data();

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/aligned.h"
 #include "kernels/cpu/simd.h"
 
 namespace mm3::kern::detail {
@@ -467,7 +468,7 @@ void gemm_ex(const ThreadPool& pool, const float* A, int64_t a_rs, int64_t a_cs,
 
   // bf16 copy of A (exact for bf16-valued A), rows padded to an even length with zeros.
   const int64_t Kp = (K + 1) & ~int64_t(1);
-  std::vector<uint16_t> A16;
+  aligned_vector<uint16_t> A16;  // on cache lines, as every buffer the tiles load vectors from
   if (use_bf16) {
     A16.assign(static_cast<size_t>(M * Kp), 0);
     pool.parallel_for(
@@ -507,7 +508,7 @@ void gemm_ex(const ThreadPool& pool, const float* A, int64_t a_rs, int64_t a_cs,
   // the kernel's zeroing each: ~6% of a DiT GEMM's samples), so up to the largest M·K floats seen
   // (~50 MB: the LM prefill's down projection) stay allocated per calling thread.
   const int64_t mblocks = (M + mr - 1) / mr, kblocks = (K + kc_block - 1) / kc_block;
-  thread_local std::vector<float> ap_buf;
+  thread_local aligned_vector<float> ap_buf;
   float* Ap = nullptr;
   auto a_panel = [&](int64_t mb, int64_t kb) { return Ap + (kb * mblocks + mb) * kc_block * kMR2; };
   if (pack_a) {
@@ -539,8 +540,8 @@ void gemm_ex(const ThreadPool& pool, const float* A, int64_t a_rs, int64_t a_cs,
         std::max<int64_t>(1, 8192 / K));
   }
   pool.parallel_for(panels * chunks, [&](int64_t t0, int64_t t1) {
-    thread_local std::vector<float> bufF;
-    thread_local std::vector<uint16_t> bufH;
+    thread_local aligned_vector<float> bufF;  // the packed B strips, on cache lines (core/aligned.h)
+    thread_local aligned_vector<uint16_t> bufH;
     for (int64_t task = t0; task < t1; ++task) {
       const int64_t pn = task / chunks, ch = task % chunks;
       const int64_t n0 = pn * kNC, nc = std::min<int64_t>(kNC, N - n0);
