@@ -636,57 +636,107 @@ struct GroupItem {
 };
 
 // S[row][j] = (q_row . k_j) * scale for keys j < nk and heads r0 .. r0 + RN of every group (RN <= 4).
+// Two keys at a time: each score is one FMA chain over the head dims (4-cycle latency), and the 2·RN
+// chains of a key pair, which share their q loads, keep both FMA pipes busy where one key's RN chains
+// left them waiting (the same chain per score, so the same bits).
 template <int RN, bool BF>
 __attribute__((noinline)) MM3_SIMD_AVX2 void group_scores_avx2(const GroupItem& g, int r0, int64_t nk, float scale,
                                                                float* S, int64_t lds) {
   const int64_t elt = BF ? 2 : 4, D = g.D, span = int64_t(g.HB) * D * elt;
-  for (int64_t j = 0; j < nk; ++j) {
+  int64_t j = 0;
+  for (; j + 2 <= nk; j += 2) {
     const int64_t off = j * g.ldkv;
-    if (j + kPfKeysP < nk) prefetch_span(static_cast<const char*>(g.kv) + (off + kPfKeysP * g.ldkv) * elt, span);
+    for (int64_t p = 0; p < 2; ++p)
+      if (j + p + kPfKeysP < nk)
+        prefetch_span(static_cast<const char*>(g.kv) + (off + (p + kPfKeysP) * g.ldkv) * elt, span);
     for (int hb = 0; hb < g.HB; ++hb) {
       const float* const q0 = g.q + (int64_t(hb) * g.group + r0) * D;  // the RN rows are D apart
       const int64_t ko = off + hb * D;
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      __m256 a[2][4];
+      for (int p = 0; p < 2; ++p)
+        for (int r = 0; r < 4; ++r) a[p][r] = _mm256_setzero_ps();
       for (int64_t d = 0; d < D; d += 8) {
-        const __m256 kv = load8_avx2<BF>(g.kv, ko + d);
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + d), kv, a0);
-        if constexpr (RN > 1) a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + D + d), kv, a1);
-        if constexpr (RN > 2) a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + 2 * D + d), kv, a2);
-        if constexpr (RN > 3) a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + 3 * D + d), kv, a3);
+        const __m256 k0 = load8_avx2<BF>(g.kv, ko + d), k1 = load8_avx2<BF>(g.kv, ko + g.ldkv + d);
+#pragma GCC unroll 4
+        for (int r = 0; r < RN; ++r) {
+          const __m256 qv = _mm256_loadu_ps(q0 + r * D + d);
+          a[0][r] = _mm256_fmadd_ps(qv, k0, a[0][r]);
+          a[1][r] = _mm256_fmadd_ps(qv, k1, a[1][r]);
+        }
       }
       float* const s = S + (int64_t(hb) * g.group + r0) * lds + j;
-      s[0] = tree_sum8_avx2(a0) * scale;
-      if constexpr (RN > 1) s[lds] = tree_sum8_avx2(a1) * scale;
-      if constexpr (RN > 2) s[2 * lds] = tree_sum8_avx2(a2) * scale;
-      if constexpr (RN > 3) s[3 * lds] = tree_sum8_avx2(a3) * scale;
+#pragma GCC unroll 4
+      for (int r = 0; r < RN; ++r) {
+        s[r * lds] = tree_sum8_avx2(a[0][r]) * scale;
+        s[r * lds + 1] = tree_sum8_avx2(a[1][r]) * scale;
+      }
+    }
+  }
+  for (; j < nk; ++j) {
+    const int64_t off = j * g.ldkv;
+    for (int hb = 0; hb < g.HB; ++hb) {
+      const float* const q0 = g.q + (int64_t(hb) * g.group + r0) * D;
+      const int64_t ko = off + hb * D;
+      __m256 a[4];
+      for (int r = 0; r < 4; ++r) a[r] = _mm256_setzero_ps();
+      for (int64_t d = 0; d < D; d += 8) {
+        const __m256 kv = load8_avx2<BF>(g.kv, ko + d);
+#pragma GCC unroll 4
+        for (int r = 0; r < RN; ++r) a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + r * D + d), kv, a[r]);
+      }
+      float* const s = S + (int64_t(hb) * g.group + r0) * lds + j;
+#pragma GCC unroll 4
+      for (int r = 0; r < RN; ++r) s[r * lds] = tree_sum8_avx2(a[r]) * scale;
     }
   }
 }
 
+// Keys per sub-block of group_pv_avx2: a head's V pieces of one sub-block (64 · D values) stay in L1
+// across the D / 16 register passes over them.
+constexpr int64_t kPvKeys = 64;
+
 // acc[row] = fma(e_row,j, v_j, acc[row]) for keys j in [j0, j1) in order, heads r0 .. r0 + RN of
-// every group (RN <= 4); E the numerators (rows as S).
+// every group (RN <= 4); E the numerators (rows as S). Accumulators in registers: for each sub-block
+// of kPvKeys keys, head and 16 of the D dims, the RN rows' 2 vectors each run through the sub-block's
+// keys in order and are stored once (the loop that loaded, FMA'd and stored acc for every key was
+// bound by its loads and stores). Each acc value sees the same FMAs in the same key order: same bits.
 template <int RN, bool BF>
 __attribute__((noinline)) MM3_SIMD_AVX2 void group_pv_avx2(const GroupItem& g, int r0, int64_t j0, int64_t j1,
                                                            const float* E, int64_t lds, float* acc) {
   const int64_t elt = BF ? 2 : 4, D = g.D, span = int64_t(g.HB) * D * elt;
-  for (int64_t j = j0; j < j1; ++j) {
-    const int64_t off = j * g.ldkv;
-    if (j + kPfKeysP < j1) prefetch_span(static_cast<const char*>(g.kv) + (off + kPfKeysP * g.ldkv) * elt, span);
+  for (int64_t b0 = j0; b0 < j1; b0 += kPvKeys) {
+    const int64_t b1 = std::min(j1, b0 + kPvKeys);
     for (int hb = 0; hb < g.HB; ++hb) {
       const int64_t row = int64_t(hb) * g.group + r0;
-      const float* const e = E + row * lds + j;
-      const __m256 e0 = _mm256_set1_ps(e[0]);
-      const __m256 e1 = _mm256_set1_ps(RN > 1 ? e[lds] : 0.f);
-      const __m256 e2 = _mm256_set1_ps(RN > 2 ? e[2 * lds] : 0.f);
-      const __m256 e3 = _mm256_set1_ps(RN > 3 ? e[3 * lds] : 0.f);
+      const float* const e = E + row * lds;
       float* const y = acc + row * D;
-      const int64_t vo = off + hb * D;
-      for (int64_t d = 0; d < D; d += 8) {
-        const __m256 x = load8_avx2<BF>(g.kv, vo + d);
-        _mm256_storeu_ps(y + d, _mm256_fmadd_ps(e0, x, _mm256_loadu_ps(y + d)));
-        if constexpr (RN > 1) _mm256_storeu_ps(y + D + d, _mm256_fmadd_ps(e1, x, _mm256_loadu_ps(y + D + d)));
-        if constexpr (RN > 2) _mm256_storeu_ps(y + 2 * D + d, _mm256_fmadd_ps(e2, x, _mm256_loadu_ps(y + 2 * D + d)));
-        if constexpr (RN > 3) _mm256_storeu_ps(y + 3 * D + d, _mm256_fmadd_ps(e3, x, _mm256_loadu_ps(y + 3 * D + d)));
+      for (int64_t d0 = 0; d0 < D; d0 += 16) {
+        const bool two = d0 + 16 <= D;  // D % 8 == 0: the last pass may hold one vector
+        __m256 y0[4], y1[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < RN; ++r) {
+          y0[r] = _mm256_loadu_ps(y + r * D + d0);
+          y1[r] = two ? _mm256_loadu_ps(y + r * D + d0 + 8) : _mm256_setzero_ps();
+        }
+        const bool pf = hb == 0 && d0 == 0;  // the first pass over a sub-block fetches the next one's rows
+        for (int64_t j = b0; j < b1; ++j) {
+          const int64_t vo = j * g.ldkv + hb * D + d0;
+          if (pf && j + kPvKeys < j1)
+            prefetch_span(static_cast<const char*>(g.kv) + ((j + kPvKeys) * g.ldkv) * elt, span);
+          const __m256 x0 = load8_avx2<BF>(g.kv, vo);
+          const __m256 x1 = two ? load8_avx2<BF>(g.kv, vo + 8) : _mm256_setzero_ps();
+#pragma GCC unroll 4
+          for (int r = 0; r < RN; ++r) {
+            const __m256 er = _mm256_set1_ps(e[r * lds + j]);
+            y0[r] = _mm256_fmadd_ps(er, x0, y0[r]);
+            y1[r] = _mm256_fmadd_ps(er, x1, y1[r]);
+          }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < RN; ++r) {
+          _mm256_storeu_ps(y + r * D + d0, y0[r]);
+          if (two) _mm256_storeu_ps(y + r * D + d0 + 8, y1[r]);
+        }
       }
     }
   }
