@@ -313,7 +313,8 @@ RegisterStage attention_lm_decode{{
     .name = "attention_lm_decode_513",
     .description = "kern::attention of one LM decode step: 36 layers x 2 CFG rows, each 1 query (32 heads x 128, "
                    "GQA 8 KV heads) over 513 cached BF16 keys (a 512-token prompt + the new one), causal, BF16; "
-                   "72 separate KV buffers (151 MB) so it streams from memory; bytes = K + V read",
+                   "72 separate KV buffers (151 MB) so it streams from memory, head-major as KvCache holds them "
+                   "([8, 513, 128]: ldkv = 128, ldh = 513 * 128); bytes = K + V read",
     .needs_model = false,
     .setup =
         [](const BenchContext& ctx) {
@@ -331,8 +332,8 @@ RegisterStage attention_lm_decode{{
             for (int l = 0; l < kLayers; ++l)
               for (int b = 0; b < kRows; ++b) {
                 const uint16_t* k = static_cast<const uint16_t*>(kv.raw()) + size_t(2 * (l * kRows + b)) * per;
-                kern::attention(pool, q->data() + b * ldq, ldq, k, k + per, ldkv, DType::BF16, o->data() + b * ldq,
-                                ldq, 1, S, H, Hkv, D, 1.f / std::sqrt(float(D)), true, S - 1, DType::BF16, S);
+                kern::attention(pool, q->data() + b * ldq, ldq, k, k + per, D, DType::BF16, o->data() + b * ldq, ldq, 1,
+                                S, H, Hkv, D, 1.f / std::sqrt(float(D)), true, S - 1, DType::BF16, S, S * D);
               }
           };
           r.bytes = double(kv.nbytes());

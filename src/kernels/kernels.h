@@ -160,8 +160,10 @@ void rope_apply(float* x, int64_t S, int H, int head_dim, int64_t ld, const floa
 // Attention
 // ---------------------------------------------------------------------------------------------
 
-// Scaled dot-product attention with GQA. q: [Sq, Hq, D], token stride ldq. k, v: [Skv, Hkv, D],
-// token stride ldkv, element type kv_dtype (F32 floats or BF16 bits). out: [Sq, Hq, D], stride ldo.
+// Scaled dot-product attention with GQA. q: [Sq, Hq, D], token stride ldq. k, v: key j of KV head hk
+// at element j * ldkv + hk * ldh (ldh = 0 means D: [Skv, Hkv, D] rows; a head-major cache [Hkv, cap, D]
+// passes ldkv = D, ldh = cap * D), element type kv_dtype (F32 floats or BF16 bits). out: [Sq, Hq, D],
+// stride ldo.
 // Query head h reads KV head h / (Hq / Hkv). causal: query i sits at absolute position q_pos0 + i and
 // sees keys [0, q_pos0 + i]; otherwise every key. Scores in fp32; the softmax is the reference's
 // (torch's CPU flash kernel): online over 512-key blocks, its vector exps (exp_u20 in fp32, the
@@ -174,7 +176,7 @@ void rope_apply(float* x, int64_t S, int H, int head_dim, int64_t ld, const floa
 // rounds them to bf16 for VDPBF16PS pair dot products where the CPU has AVX512-BF16.
 void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* k, const void* v, int64_t ldkv,
                DType kv_dtype, float* out, int64_t ldo, int64_t Sq, int64_t Skv, int Hq, int Hkv, int D, float scale,
-               bool causal, int64_t q_pos0, DType store, int64_t kv_span = 0);
+               bool causal, int64_t q_pos0, DType store, int64_t kv_span = 0, int64_t ldh = 0);
 
 // In-place softmax over each row of [rows, cols] (fp32, max-subtracted).
 void softmax_rows(float* x, int64_t rows, int64_t cols);

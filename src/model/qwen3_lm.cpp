@@ -200,9 +200,9 @@ void Qwen3Lm::forward(const ThreadPool& pool, const float* x, int B, int64_t S, 
         kern::rope_apply(kb, c, Hkv, D, KW, scr.cos.data(), scr.sin.data(), D, prec);
         cache.write(static_cast<int>(l), b, p0 + s0, c, kb, scr.v.data() + int64_t(b) * c * KW, KW);
         // [c, Hq, D] queries at positions p0+s0.. over keys [0, p0+s0+c) of this row.
-        kern::attention(pool, qb, QW, cache.k(static_cast<int>(l), b), cache.v(static_cast<int>(l), b), KW,
-                        cache.dtype(), scr.att.data() + int64_t(b) * c * QW, QW, c, p0 + s0 + c, Hq, Hkv, D, scale,
-                        /*causal=*/true, p0 + s0, prec, /*kv_span=*/p0 + S);
+        kern::attention(pool, qb, QW, cache.k(static_cast<int>(l), b), cache.v(static_cast<int>(l), b),
+                        cache.key_stride(), cache.dtype(), scr.att.data() + int64_t(b) * c * QW, QW, c, p0 + s0 + c, Hq,
+                        Hkv, D, scale, /*causal=*/true, p0 + s0, prec, /*kv_span=*/p0 + S, cache.head_stride());
       }
       kern::linear(pool, scr.att.data(), R, QW, L.o, scr.o.data(), H, prec);  // [R, H]
       kern::add(scr.x.data(), scr.o.data(), scr.x.data(), R * H, prec);       // residual

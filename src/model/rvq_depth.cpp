@@ -155,8 +155,9 @@ void RvqDepth::step(const ThreadPool& pool, const float* seq, int B, int64_t S, 
     for (int b = 0; b < B; ++b) {
       const int64_t r0 = int64_t(b) * S;
       cache.write(li, b, p0, S, st.k.data() + r0 * H, st.v.data() + r0 * H, H);
-      kern::attention(pool, st.q.data() + r0 * H, H, cache.k(li, b), cache.v(li, b), H, cache.dtype(),
-                      st.att.data() + r0 * H, H, S, p0 + S, Hn, Hn, D, scale, /*causal=*/true, p0, prec);
+      kern::attention(pool, st.q.data() + r0 * H, H, cache.k(li, b), cache.v(li, b), cache.key_stride(), cache.dtype(),
+                      st.att.data() + r0 * H, H, S, p0 + S, Hn, Hn, D, scale, /*causal=*/true, p0, prec, /*kv_span=*/0,
+                      cache.head_stride());
     }
     kern::linear(pool, st.att.data(), R, H, L.o, st.o.data(), H, prec);  // [R, H]
     kern::add(st.x.data(), st.o.data(), st.x.data(), R * H, prec);

@@ -55,10 +55,37 @@ const AttnCase kAttn[] = {
     {65, 1030, 2, 2, 64, false, 0},  // three softmax blocks, the last 6 keys wide
 };
 
-void check_attention(const ThreadPool& pool, const AttnCase& c, DType kv_dt, DType store, uint64_t seed) {
+// K / V of one logical [Skv, Hkv, D] tensor in the layout kern::attention is asked to read: token-major
+// rows (key j, head h at j * ldkv + h * D, ldh = 0) or head-major as KvCache holds them (j * ldkv +
+// h * ldh, with ldkv and ldh padded so neither is the dense value).
+struct KvLayout {
+  int64_t ldkv, ldh;
+  std::vector<float> k, v;  // in the layout
+};
+
+KvLayout lay_out_kv(const AttnCase& c, const std::vector<float>& kf, const std::vector<float>& vf, int64_t ld_src,
+                    bool head_major) {
+  if (!head_major) return {ld_src, 0, kf, vf};
+  KvLayout L;
+  L.ldkv = c.D + 3;
+  L.ldh = (c.Skv + 2) * L.ldkv + 5;
+  L.k.assign(static_cast<size_t>(c.Hkv * L.ldh), -7.f);  // never read
+  L.v = L.k;
+  for (int64_t j = 0; j < c.Skv; ++j)
+    for (int h = 0; h < c.Hkv; ++h)
+      for (int d = 0; d < c.D; ++d) {
+        L.k[size_t(j * L.ldkv + h * L.ldh + d)] = kf[size_t(j * ld_src + h * c.D + d)];
+        L.v[size_t(j * L.ldkv + h * L.ldh + d)] = vf[size_t(j * ld_src + h * c.D + d)];
+      }
+  return L;
+}
+
+void check_attention(const ThreadPool& pool, const AttnCase& c, DType kv_dt, DType store, uint64_t seed,
+                     bool head_major = false) {
   SCOPED_TRACE(::testing::Message() << "Sq=" << c.Sq << " Skv=" << c.Skv << " Hq=" << c.Hq << " Hkv=" << c.Hkv
                                     << " D=" << c.D << " causal=" << c.causal << " q_pos0=" << c.q_pos0
-                                    << " kv=" << dtype_name(kv_dt) << " store=" << test::store_name(store));
+                                    << " kv=" << dtype_name(kv_dt) << " store=" << test::store_name(store)
+                                    << " head_major=" << head_major);
   Rng rng(seed);
   const bool bf = store == DType::BF16;
   const int64_t ldq = int64_t(c.Hq) * c.D + 3, ldkv = int64_t(c.Hkv) * c.D + 5, ldo = int64_t(c.Hq) * c.D + 7;
@@ -66,19 +93,20 @@ void check_attention(const ThreadPool& pool, const AttnCase& c, DType kv_dt, DTy
   // K/V values are bf16-representable so the F32 and BF16 KV runs see the same numbers.
   std::vector<float> kf = rng.vec(static_cast<size_t>(c.Skv * ldkv), -1.5f, 1.5f, true);
   std::vector<float> vf = rng.vec(static_cast<size_t>(c.Skv * ldkv), -2.f, 2.f, true);
-  std::vector<uint16_t> kh(kf.size()), vh(vf.size());
-  f32_to_bf16(kf.data(), kh.data(), kf.size());
-  f32_to_bf16(vf.data(), vh.data(), vf.size());
-  const void* k = kv_dt == DType::BF16 ? static_cast<const void*>(kh.data()) : kf.data();
-  const void* v = kv_dt == DType::BF16 ? static_cast<const void*>(vh.data()) : vf.data();
+  const KvLayout L = lay_out_kv(c, kf, vf, ldkv, head_major);
+  std::vector<uint16_t> kh(L.k.size()), vh(L.v.size());
+  f32_to_bf16(L.k.data(), kh.data(), L.k.size());
+  f32_to_bf16(L.v.data(), vh.data(), L.v.size());
+  const void* k = kv_dt == DType::BF16 ? static_cast<const void*>(kh.data()) : L.k.data();
+  const void* v = kv_dt == DType::BF16 ? static_cast<const void*>(vh.data()) : L.v.data();
   const float scale = 1.0f / std::sqrt(float(c.D));
   Guarded out(c.Sq, int64_t(c.Hq) * c.D, ldo);
-  kern::attention(pool, q.data(), ldq, k, v, ldkv, kv_dt, out.data(), ldo, c.Sq, c.Skv, c.Hq, c.Hkv, c.D, scale,
-                  c.causal, c.q_pos0, store);
+  kern::attention(pool, q.data(), ldq, k, v, L.ldkv, kv_dt, out.data(), ldo, c.Sq, c.Skv, c.Hq, c.Hkv, c.D, scale,
+                  c.causal, c.q_pos0, store, 0, L.ldh);
   const int64_t W = int64_t(c.Hq) * c.D;
   std::vector<float> ref(static_cast<size_t>(c.Sq * W));
-  ref::attention(pool, q.data(), ldq, k, v, ldkv, kv_dt, ref.data(), W, c.Sq, c.Skv, c.Hq, c.Hkv, c.D, scale,
-                 c.causal, c.q_pos0, store);
+  ref::attention(pool, q.data(), ldq, k, v, L.ldkv, kv_dt, ref.data(), W, c.Sq, c.Skv, c.Hq, c.Hkv, c.D, scale,
+                 c.causal, c.q_pos0, store, 0, L.ldh);
   EXPECT_EQ(out.touched_outside(), 0);
   EXPECT_EQ(out.untouched_inside(), 0);
   const int group = c.Hq / c.Hkv;
@@ -124,6 +152,49 @@ TEST(KernelsAttention, MatchesRef) {
   for (const auto& c : kAttn)
     for (DType kv : {DType::F32, DType::BF16})
       for (DType store : {DType::F32, DType::BF16}) check_attention(pool, c, kv, store, seed++);
+}
+
+// The head-major layout (KvCache's: ldkv = key stride within a head, ldh = head stride) on every case,
+// against the ref reading the same layout.
+TEST(KernelsAttention, HeadMajorMatchesRef) {
+  ThreadPool pool(2);
+  uint64_t seed = 300;
+  for (const auto& c : kAttn)
+    for (DType kv : {DType::F32, DType::BF16})
+      for (DType store : {DType::F32, DType::BF16}) check_attention(pool, c, kv, store, seed++, true);
+}
+
+// Where both layouts take the same path (every causal case: the GEMM form is for bidirectional rows of
+// side-by-side heads only), the same numbers in either layout give the same bits. RED: a kernel that
+// reads head hk at hk * D whatever ldh is fails here and in HeadMajorMatchesRef.
+TEST(KernelsAttention, HeadMajorSameBitsAsTokenMajor) {
+  ThreadPool pool(2);
+  Rng rng(41);
+  for (const auto& c : kAttn) {
+    if (!c.causal) continue;
+    for (DType kv_dt : {DType::F32, DType::BF16})
+      for (DType store : {DType::F32, DType::BF16}) {
+        SCOPED_TRACE(::testing::Message() << "Sq=" << c.Sq << " Skv=" << c.Skv << " Hq=" << c.Hq << " D=" << c.D
+                                          << " kv=" << dtype_name(kv_dt) << " store=" << test::store_name(store));
+        const int64_t ldq = int64_t(c.Hq) * c.D, ld = int64_t(c.Hkv) * c.D;
+        std::vector<float> q = rng.vec(static_cast<size_t>(c.Sq * ldq), -1.5f, 1.5f, true);
+        std::vector<float> kf = rng.vec(static_cast<size_t>(c.Skv * ld), -1.5f, 1.5f, true);
+        std::vector<float> vf = rng.vec(kf.size(), -2.f, 2.f, true);
+        std::vector<float> out[2];
+        for (int hm = 0; hm < 2; ++hm) {
+          const KvLayout L = lay_out_kv(c, kf, vf, ld, hm == 1);
+          std::vector<uint16_t> kh(L.k.size()), vh(L.v.size());
+          f32_to_bf16(L.k.data(), kh.data(), L.k.size());
+          f32_to_bf16(L.v.data(), vh.data(), L.v.size());
+          const bool bf = kv_dt == DType::BF16;
+          out[hm].assign(static_cast<size_t>(c.Sq * ldq), 0.f);
+          kern::attention(pool, q.data(), ldq, bf ? static_cast<const void*>(kh.data()) : L.k.data(),
+                          bf ? static_cast<const void*>(vh.data()) : L.v.data(), L.ldkv, kv_dt, out[hm].data(), ldq,
+                          c.Sq, c.Skv, c.Hq, c.Hkv, c.D, 0.125f, true, c.q_pos0, store, 0, L.ldh);
+        }
+        EXPECT_EQ(std::memcmp(out[0].data(), out[1].data(), out[0].size() * 4), 0);
+      }
+  }
 }
 
 // The direct path (causal, few rows) and the GEMM path (bidirectional, many rows; GQA and Hq == Hkv).

@@ -56,11 +56,12 @@ float exp_shift_sum(float* s, int64_t n, float mx) {
   return (t[0] + t[2]) + (t[1] + t[3]);
 }
 
-void check_args(int64_t ldq, int64_t ldkv, int64_t ldo, int64_t Skv, int Hq, int Hkv, int D, int64_t q_pos0,
-                DType kv_dtype, int64_t kv_span) {
+void check_args(int64_t ldq, int64_t ldkv, int64_t ldh, int64_t ldo, int64_t Skv, int Hq, int Hkv, int D,
+                int64_t q_pos0, DType kv_dtype, int64_t kv_span) {
   MM3_CHECK(Hq > 0 && Hkv > 0 && Hq % Hkv == 0, "attention: Hq={} not a multiple of Hkv={}", Hq, Hkv);
-  MM3_CHECK(D > 0 && ldq >= int64_t(Hq) * D && ldo >= int64_t(Hq) * D && ldkv >= int64_t(Hkv) * D,
-            "attention: D={} ldq={} ldkv={} ldo={} for Hq={} Hkv={}", D, ldq, ldkv, ldo, Hq, Hkv);
+  MM3_CHECK(D > 0 && ldq >= int64_t(Hq) * D && ldo >= int64_t(Hq) * D && ldh >= D &&
+                ldkv >= (ldh == D ? int64_t(Hkv) * D : int64_t(D)),
+            "attention: D={} ldq={} ldkv={} ldh={} ldo={} for Hq={} Hkv={}", D, ldq, ldkv, ldh, ldo, Hq, Hkv);
   MM3_CHECK(kv_dtype == DType::F32 || kv_dtype == DType::BF16, "attention: kv dtype {} unsupported",
             dtype_name(kv_dtype));
   MM3_CHECK(Skv > 0 && q_pos0 >= 0, "attention: Skv={} q_pos0={}", Skv, q_pos0);
@@ -104,7 +105,8 @@ struct AttnItem {
   int64_t ldkt;         // row stride of kt
   int64_t skv64;        // keys padded to a multiple of 64
   const void* v;
-  int64_t ldkv;
+  int64_t ldkv;         // key stride of K and V
+  int64_t ldh;          // KV head stride (D: heads side by side in a key's row)
   bool vb;              // V is bf16 bits
   float* out;
   int64_t ldo;
@@ -192,7 +194,7 @@ MM3_ATTN_INLINE void direct_scores(const AttnItem& a, const float* const* q, int
   constexpr int KN = RN <= 2 ? 8 : 4;
   __m512 acc[RN][16];
   const __m512 vscale = _mm512_set1_ps(a.scale);
-  const int64_t base = int64_t(a.hk) * a.D;
+  const int64_t base = a.hk * a.ldh;
   for (int64_t j0 = 0; j0 < nk; j0 += 16) {
     const int nb = static_cast<int>(std::min<int64_t>(16, nk - j0));
     for (int jj = 0; jj < 16; jj += KN) {
@@ -242,6 +244,9 @@ template <int RN, bool VB>
 MM3_ATTN_INLINE void pv_keys(const PvArgs& pa, int64_t nk, __m512 (&acc)[kRB][4]) {
   const AttnItem& a = pa.a;
   const int dn = std::min(kDB, a.D - pa.d0);
+  // The first pass over the keys (dims 0..63) fetches whole rows, so later passes find them in L2
+  // rather than stream the same lines' other halves from memory again.
+  const int pf_n = pa.d0 == 0 ? a.D : dn;
   __m512 ac[RN][4];
   for (int r = 0; r < RN; ++r)
     for (int c = 0; c < 4; ++c) ac[r][c] = acc[r][c];
@@ -252,8 +257,8 @@ MM3_ATTN_INLINE void pv_keys(const PvArgs& pa, int64_t nk, __m512 (&acc)[kRB][4]
         for (int c = 0; c < 4; ++c) ac[r][c] = _mm512_mul_ps(ac[r][c], al);
       }
     for (const int64_t je = std::min(nk, (j / kRefKv + 1) * kRefKv); j < je; ++j) {
-      const int64_t off = j * a.ldkv + int64_t(a.hk) * a.D + pa.d0;
-      if (j + kPfKeys < pa.nkmax) prefetch_row(a.v, VB, off + kPfKeys * a.ldkv, dn);
+      const int64_t off = j * a.ldkv + a.hk * a.ldh + pa.d0;
+      if (j + kPfKeys < pa.nkmax) prefetch_row(a.v, VB, off + kPfKeys * a.ldkv, pf_n);
       __m512 vv[4];
       for (int c = 0; c < 4; ++c)
         vv[c] = VB ? detail::maskz_load_bf16_v(pa.dm[c], static_cast<const uint16_t*>(a.v) + off + 16 * c)
@@ -351,9 +356,9 @@ void attention_item(const AttnItem& a, int64_t i0, int64_t nq, aligned_vector<fl
       for (int r = 0; r < kRB; ++r)
         for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
       const int dn = std::min(kDB, a.D - d0);
-      auto load_v = [&](int64_t j, __m512 (&vv)[4]) {
-        const int64_t off = j * a.ldkv + int64_t(a.hk) * a.D + d0;
-        if (j + kPfKeys < nkmax) prefetch_row(a.v, a.vb, off + kPfKeys * a.ldkv, dn);
+      auto load_v = [&](int64_t j, __m512(&vv)[4]) {
+        const int64_t off = j * a.ldkv + a.hk * a.ldh + d0;
+        if (j + kPfKeys < nkmax) prefetch_row(a.v, a.vb, off + kPfKeys * a.ldkv, d0 == 0 ? a.D : dn);
         for (int c = 0; c < 4; ++c)
           vv[c] = a.vb ? detail::maskz_load_bf16_v(dm[c], static_cast<const uint16_t*>(a.v) + off + 16 * c)
                        : _mm512_maskz_loadu_ps(dm[c], static_cast<const float*>(a.v) + off + 16 * c);
@@ -562,11 +567,13 @@ void attention_gemm(const ThreadPool& pool, const float* q, int64_t ldq, const f
 #if defined(__AVX512F__)
 void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* k, const void* v, int64_t ldkv,
                DType kv_dtype, float* out, int64_t ldo, int64_t Sq, int64_t Skv, int Hq, int Hkv, int D, float scale,
-               bool causal, int64_t q_pos0, DType store, int64_t kv_span) {
-  check_args(ldq, ldkv, ldo, Skv, Hq, Hkv, D, q_pos0, kv_dtype, kv_span);
+               bool causal, int64_t q_pos0, DType store, int64_t kv_span, int64_t ldh) {
+  if (ldh == 0) ldh = D;
+  check_args(ldq, ldkv, ldh, ldo, Skv, Hq, Hkv, D, q_pos0, kv_dtype, kv_span);
   if (Sq <= 0) return;
   const int64_t span = kv_span > 0 ? kv_span : Skv;
-  if (!causal && kv_dtype == DType::F32 && Sq >= kGemmMinRows && Skv >= kGemmMinRows) {
+  // (the GEMM form packs the heads of a key's row together: rows of side-by-side heads only)
+  if (!causal && kv_dtype == DType::F32 && Sq >= kGemmMinRows && Skv >= kGemmMinRows && ldh == D) {
     attention_gemm(pool, q, ldq, static_cast<const float*>(k), static_cast<const float*>(v), ldkv, out, ldo, Sq, Skv,
                    Hq, Hkv, D, scale, span, store);
     return;
@@ -594,7 +601,7 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
           const int64_t hk = t / nkb, j0 = (t % nkb) * kKB, j1 = std::min(kmax, j0 + kKB);
           float* dst = kt.data() + size_t(hk) * D * ldkt;
           for (int64_t j = j0; j < j1; ++j) {
-            const int64_t off = j * ldkv + hk * D;
+            const int64_t off = j * ldkv + hk * ldh;
             if (kb) {
               const uint16_t* src = static_cast<const uint16_t*>(k) + off;
               for (int d = 0; d < D; ++d) dst[d * ldkt + j] = bf16_bits_to_f32(src[d]);
@@ -612,9 +619,8 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
   // Query blocks small enough that 2 x threads items exist when possible.
   const int64_t bq = std::clamp<int64_t>(Sq * Hkv / std::max(1, 2 * pool.size()), 1, 16);
   const int64_t nqb = (Sq + bq - 1) / bq;
-  AttnItem it{q,     ldq, k,     kb,    nullptr, ldkt,   skv64, v,    ldkv,
-              kb,    out, ldo,   Skv,   group,   0,      D,     scale, causal,
-              q_pos0, span, store};
+  AttnItem it{q,   ldq, k,   kb,    nullptr, ldkt, skv64, v,      ldkv,   ldh,  kb,
+              out, ldo, Skv, group, 0,       D,    scale, causal, q_pos0, span, store};
   pool.parallel_for(Hkv * nqb, [&](int64_t b, int64_t e) {
     aligned_vector<float> S;
     for (int64_t t = b; t < e; ++t) {
@@ -674,9 +680,20 @@ constexpr int64_t kPfKeysP = 8;
 struct GroupItem {
   const float* q;  // query row i, head 0
   const void* kv;  // K or V at key 0, KV head hk0
-  int64_t ldkv;
+  int64_t ldkv;    // key stride
+  int64_t ldh;     // KV head stride (D: the block's heads side by side in a key's row)
   int D, group, HB;
 };
+
+// Prefetch key `off`'s pieces of the block's heads: one span where they sit side by side, else one
+// per head (a head-major cache).
+inline void prefetch_heads(const GroupItem& g, int64_t off, int64_t elt) {
+  const char* p = static_cast<const char*>(g.kv) + off * elt;
+  if (g.ldh == g.D)
+    prefetch_span(p, int64_t(g.HB) * g.D * elt);
+  else
+    for (int hb = 0; hb < g.HB; ++hb) prefetch_span(p + hb * g.ldh * elt, int64_t(g.D) * elt);
+}
 
 // S[row][j] = (q_row . k_j) * scale for keys j < nk and heads r0 .. r0 + RN of every group (RN <= 4).
 // Two keys at a time: each score is one FMA chain over the head dims (4-cycle latency), and the 2·RN
@@ -685,16 +702,15 @@ struct GroupItem {
 template <int RN, bool BF>
 __attribute__((noinline)) MM3_SIMD_AVX2 void group_scores_avx2(const GroupItem& g, int r0, int64_t nk, float scale,
                                                                float* S, int64_t lds) {
-  const int64_t elt = BF ? 2 : 4, D = g.D, span = int64_t(g.HB) * D * elt;
+  const int64_t elt = BF ? 2 : 4, D = g.D;
   int64_t j = 0;
   for (; j + 2 <= nk; j += 2) {
     const int64_t off = j * g.ldkv;
     for (int64_t p = 0; p < 2; ++p)
-      if (j + p + kPfKeysP < nk)
-        prefetch_span(static_cast<const char*>(g.kv) + (off + (p + kPfKeysP) * g.ldkv) * elt, span);
+      if (j + p + kPfKeysP < nk) prefetch_heads(g, off + (p + kPfKeysP) * g.ldkv, elt);
     for (int hb = 0; hb < g.HB; ++hb) {
       const float* const q0 = g.q + (int64_t(hb) * g.group + r0) * D;  // the RN rows are D apart
-      const int64_t ko = off + hb * D;
+      const int64_t ko = off + hb * g.ldh;
       __m256 a[2][4];
       for (int p = 0; p < 2; ++p)
         for (int r = 0; r < 4; ++r) a[p][r] = _mm256_setzero_ps();
@@ -719,7 +735,7 @@ __attribute__((noinline)) MM3_SIMD_AVX2 void group_scores_avx2(const GroupItem& 
     const int64_t off = j * g.ldkv;
     for (int hb = 0; hb < g.HB; ++hb) {
       const float* const q0 = g.q + (int64_t(hb) * g.group + r0) * D;
-      const int64_t ko = off + hb * D;
+      const int64_t ko = off + hb * g.ldh;
       __m256 a[4];
       for (int r = 0; r < 4; ++r) a[r] = _mm256_setzero_ps();
       for (int64_t d = 0; d < D; d += 8) {
@@ -746,7 +762,7 @@ constexpr int64_t kPvKeys = 64;
 template <int RN, bool BF>
 __attribute__((noinline)) MM3_SIMD_AVX2 void group_pv_avx2(const GroupItem& g, int r0, int64_t j0, int64_t j1,
                                                            const float* E, int64_t lds, float* acc) {
-  const int64_t elt = BF ? 2 : 4, D = g.D, span = int64_t(g.HB) * D * elt;
+  const int64_t elt = BF ? 2 : 4, D = g.D;
   for (int64_t b0 = j0; b0 < j1; b0 += kPvKeys) {
     const int64_t b1 = std::min(j1, b0 + kPvKeys);
     for (int hb = 0; hb < g.HB; ++hb) {
@@ -763,9 +779,8 @@ __attribute__((noinline)) MM3_SIMD_AVX2 void group_pv_avx2(const GroupItem& g, i
         }
         const bool pf = hb == 0 && d0 == 0;  // the first pass over a sub-block fetches the next one's rows
         for (int64_t j = b0; j < b1; ++j) {
-          const int64_t vo = j * g.ldkv + hb * D + d0;
-          if (pf && j + kPvKeys < j1)
-            prefetch_span(static_cast<const char*>(g.kv) + ((j + kPvKeys) * g.ldkv) * elt, span);
+          const int64_t vo = j * g.ldkv + hb * g.ldh + d0;
+          if (pf && j + kPvKeys < j1) prefetch_heads(g, (j + kPvKeys) * g.ldkv, elt);
           const __m256 x0 = load8_avx2<BF>(g.kv, vo);
           const __m256 x1 = two ? load8_avx2<BF>(g.kv, vo + 8) : _mm256_setzero_ps();
 #pragma GCC unroll 4
@@ -789,11 +804,13 @@ __attribute__((noinline)) MM3_SIMD_AVX2 void group_pv_avx2(const GroupItem& g, i
 
 void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* k, const void* v, int64_t ldkv,
                DType kv_dtype, float* out, int64_t ldo, int64_t Sq, int64_t Skv, int Hq, int Hkv, int D, float scale,
-               bool causal, int64_t q_pos0, DType store, int64_t kv_span) {
-  check_args(ldq, ldkv, ldo, Skv, Hq, Hkv, D, q_pos0, kv_dtype, kv_span);
+               bool causal, int64_t q_pos0, DType store, int64_t kv_span, int64_t ldh) {
+  if (ldh == 0) ldh = D;
+  check_args(ldq, ldkv, ldh, ldo, Skv, Hq, Hkv, D, q_pos0, kv_dtype, kv_span);
   if (Sq <= 0) return;
   const int64_t span = kv_span > 0 ? kv_span : Skv;
-  if (!causal && kv_dtype == DType::F32 && Sq >= kGemmMinRows && Skv >= kGemmMinRows) {
+  // (the GEMM form packs the heads of a key's row together: rows of side-by-side heads only)
+  if (!causal && kv_dtype == DType::F32 && Sq >= kGemmMinRows && Skv >= kGemmMinRows && ldh == D) {
     attention_gemm(pool, q, ldq, static_cast<const float*>(k), static_cast<const float*>(v), ldkv, out, ldo, Sq, Skv,
                    Hq, Hkv, D, scale, span, store);
     return;
@@ -828,10 +845,9 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
             acc.assign(size_t(rows) * D, 0.f);
             inv.resize(rows);
             nks.assign(rows, nk);
-            const GroupItem gk{
-                q + i * ldq + int64_t(hk0) * group * D, kc + int64_t(hk0) * D * elt, ldkv, D, group, hb_n};
+            const GroupItem gk{q + i * ldq + int64_t(hk0) * group * D, kc + hk0 * ldh * elt, ldkv, ldh, D, group, hb_n};
             GroupItem gv = gk;
-            gv.kv = vc + int64_t(hk0) * D * elt;
+            gv.kv = vc + hk0 * ldh * elt;
             for (int r0 = 0; r0 < group; r0 += 4) {
               switch (std::min(4, group - r0) * 2 + (kb ? 1 : 0)) {
                 case 2:
@@ -921,7 +937,7 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
           const float* qr = q + i * ldq + int64_t(h) * D;
           const int64_t nk = causal ? std::min<int64_t>(Skv, q_pos0 + i + 1) : Skv;
           for (int64_t j = 0; j < nk; ++j) {
-            const int64_t off = j * ldkv + int64_t(hk) * D;
+            const int64_t off = j * ldkv + hk * ldh;
             const float d = kb ? detail::dot_f32_bf16(qr, kh + off, D) : detail::dot_f32(qr, kf + off, D);
             s[static_cast<size_t>(j)] = d * scale;
           }
@@ -936,7 +952,7 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
             if (j0 > 0)
               for (float& x : acc) x *= alpha[static_cast<size_t>(blk)];
             for (int64_t j = j0; j < j1; ++j) {
-              const int64_t off = j * ldkv + int64_t(hk) * D;
+              const int64_t off = j * ldkv + hk * ldh;
               const float ej = s[static_cast<size_t>(j)];
               if (kb)
                 detail::axpy_bf16(ej, vh + off, acc.data(), D);

@@ -132,7 +132,8 @@ void rope_apply(float* x, int64_t S, int H, int head_dim, int64_t ld, const floa
 
 void attention(const ThreadPool&, const float* q, int64_t ldq, const void* k, const void* v, int64_t ldkv,
                DType kv_dtype, float* out, int64_t ldo, int64_t Sq, int64_t Skv, int Hq, int Hkv, int D, float scale,
-               bool causal, int64_t q_pos0, DType store, int64_t /*kv_span: blocking only*/) {
+               bool causal, int64_t q_pos0, DType store, int64_t /*kv_span: blocking only*/, int64_t ldh) {
+  if (ldh == 0) ldh = D;
   // Exact softmax in double with one row max; with store BF16 the probabilities are rounded to
   // bf16 (as floats) before P.V while the sum keeps the unrounded values, as the kernel contract says.
   const int group = Hq / Hkv;
@@ -145,7 +146,7 @@ void attention(const ThreadPool&, const float* q, int64_t ldq, const void* k, co
       for (int64_t j = 0; j < nk; ++j) {
         double d = 0;
         for (int e = 0; e < D; ++e)
-          d += double(q[i * ldq + h * D + e]) * double(kv_at(k, kv_dtype, j * ldkv + hk * D + e));
+          d += double(q[i * ldq + h * D + e]) * double(kv_at(k, kv_dtype, j * ldkv + hk * ldh + e));
         s[j] = d * scale;
         mx = std::max(mx, s[j]);
       }
@@ -156,7 +157,7 @@ void attention(const ThreadPool&, const float* q, int64_t ldq, const void* k, co
       }
       for (int e = 0; e < D; ++e) {
         double acc = 0;
-        for (int64_t j = 0; j < nk; ++j) acc += p[j] * double(kv_at(v, kv_dtype, j * ldkv + hk * D + e));
+        for (int64_t j = 0; j < nk; ++j) acc += p[j] * double(kv_at(v, kv_dtype, j * ldkv + hk * ldh + e));
         out[i * ldo + h * D + e] = st(acc / sum, store);
       }
     }

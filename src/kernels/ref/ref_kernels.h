@@ -35,7 +35,7 @@ void rope_apply(float* x, int64_t S, int H, int head_dim, int64_t ld, const floa
 
 void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* k, const void* v, int64_t ldkv,
                DType kv_dtype, float* out, int64_t ldo, int64_t Sq, int64_t Skv, int Hq, int Hkv, int D, float scale,
-               bool causal, int64_t q_pos0, DType store, int64_t kv_span = 0);
+               bool causal, int64_t q_pos0, DType store, int64_t kv_span = 0, int64_t ldh = 0);
 void softmax_rows(float* x, int64_t rows, int64_t cols);
 
 void silu_mul(const float* gate, const float* up, float* out, int64_t n, DType store);
