@@ -311,30 +311,30 @@ RegisterStage attention_dit_bf16{attention_dit_spec(DType::BF16)};
 
 RegisterStage attention_lm_decode{{
     .name = "attention_lm_decode_513",
-    .description = "kern::attention of one LM decode step: 36 layers x 2 CFG rows, each 1 query (32 heads x 128, "
-                   "GQA 8 KV heads) over 513 cached BF16 keys (a 512-token prompt + the new one), causal, BF16; "
-                   "72 separate KV buffers (151 MB) so it streams from memory, head-major as KvCache holds them "
-                   "([8, 513, 128]: ldkv = 128, ldh = 513 * 128); bytes = K + V read",
+    .description = "kern::attention of one LM decode step as Qwen3Lm::forward runs it: 36 layers, each one call "
+                   "for the 2 CFG rows (1 query each, 32 heads x 128, GQA 8 KV heads, i.e. 64 heads over 16) "
+                   "over 513 cached BF16 keys (a 512-token prompt + the new one), causal, BF16; laid out as "
+                   "KvCache holds them (head-major: ldkv = 128, ldh = 513 * 128, row 1's heads after row 0's), "
+                   "151 MB in all so it streams from memory; bytes = K + V read",
     .needs_model = false,
     .setup =
         [](const BenchContext& ctx) {
           const ThreadPool& pool = ctx.pool();
           constexpr int kLayers = 36, kRows = 2, H = 32, Hkv = 8, D = 128;
-          constexpr int64_t S = 513, ldq = int64_t(H) * D, ldkv = int64_t(Hkv) * D;
-          const int64_t per = S * ldkv;  // bf16 elements of K (or V) per buffer
-          // A Tensor like the real KvCache (>= 4 MiB: 2 MiB-aligned, huge-page advised).
-          const Tensor kv = random_tensor(pool, DType::BF16, {2 * kLayers * kRows, per}, 1.f, 11);
+          constexpr int64_t S = 513, ldq = int64_t(H) * D;
+          const int64_t per = int64_t(kRows) * Hkv * S * D;  // bf16 elements of one layer's K (or V), both rows
+          // [layers, 2 (k, v), rows, Hkv, S, D] in a Tensor like the real KvCache (huge-page advised).
+          const Tensor kv = random_tensor(pool, DType::BF16, {2 * kLayers, per}, 1.f, 11);
           auto q = random_f32(pool, kRows * ldq, 1.f, 12);
           round_to_store(q->data(), q->size(), DType::BF16);
           auto o = std::make_shared<std::vector<float>>(static_cast<size_t>(kRows * ldq));
           StageRun r;
           r.run = [&pool, kv, q, o, per] {
-            for (int l = 0; l < kLayers; ++l)
-              for (int b = 0; b < kRows; ++b) {
-                const uint16_t* k = static_cast<const uint16_t*>(kv.raw()) + size_t(2 * (l * kRows + b)) * per;
-                kern::attention(pool, q->data() + b * ldq, ldq, k, k + per, D, DType::BF16, o->data() + b * ldq, ldq, 1,
-                                S, H, Hkv, D, 1.f / std::sqrt(float(D)), true, S - 1, DType::BF16, S, S * D);
-              }
+            for (int l = 0; l < kLayers; ++l) {
+              const uint16_t* k = static_cast<const uint16_t*>(kv.raw()) + size_t(2 * l) * per;
+              kern::attention(pool, q->data(), kRows * ldq, k, k + per, D, DType::BF16, o->data(), kRows * ldq, 1, S,
+                              kRows * H, kRows * Hkv, D, 1.f / std::sqrt(float(D)), true, S - 1, DType::BF16, S, S * D);
+            }
           };
           r.bytes = double(kv.nbytes());
           r.flops = 4.0 * kLayers * kRows * S * H * D;

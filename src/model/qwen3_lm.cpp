@@ -193,17 +193,34 @@ void Qwen3Lm::forward(const ThreadPool& pool, const float* x, int B, int64_t S, 
       // qk-norm: RMSNorm over head_dim of each head ([R*Hq, D] rows), before RoPE.
       kern::rms_norm(scr.q.data(), R * Hq, D, D, L.q_norm.data(), eps, scr.q.data(), D, prec);
       kern::rms_norm(scr.k.data(), R * Hkv, D, D, L.k_norm.data(), eps, scr.k.data(), D, prec);
+      const int li = static_cast<int>(l);
+      // A decode step (one token per row) attends for all B rows in one call: row b's query is heads
+      // [b·Hq, (b+1)·Hq) of one [B·Hq, D] query row, and row b's cache, which follows row b−1's in the
+      // head-major KvCache, is KV heads [b·Hkv, (b+1)·Hkv). Each (row, head) is computed as a call per
+      // row would compute it (same bits); one call halves the pool's dispatches and gives its threads
+      // 2·Hkv items to share. Checked, not assumed: any other cache layout takes a call per row.
+      const int64_t elt = static_cast<int64_t>(dtype_size(cache.dtype()));
+      const auto gap = [&](const void* a, const void* z) {
+        return static_cast<const char*>(z) - static_cast<const char*>(a);
+      };
+      const bool one_call = c == 1 && B > 1 && gap(cache.k(li, 0), cache.k(li, 1)) == Hkv * cache.head_stride() * elt &&
+                            gap(cache.v(li, 0), cache.v(li, 1)) == Hkv * cache.head_stride() * elt;
       for (int b = 0; b < B; ++b) {
         float* qb = scr.q.data() + int64_t(b) * c * QW;  // [c, Hq, D]
         float* kb = scr.k.data() + int64_t(b) * c * KW;  // [c, Hkv, D]
         kern::rope_apply(qb, c, Hq, D, QW, scr.cos.data(), scr.sin.data(), D, prec);
         kern::rope_apply(kb, c, Hkv, D, KW, scr.cos.data(), scr.sin.data(), D, prec);
-        cache.write(static_cast<int>(l), b, p0 + s0, c, kb, scr.v.data() + int64_t(b) * c * KW, KW);
+        cache.write(li, b, p0 + s0, c, kb, scr.v.data() + int64_t(b) * c * KW, KW);
         // [c, Hq, D] queries at positions p0+s0.. over keys [0, p0+s0+c) of this row.
-        kern::attention(pool, qb, QW, cache.k(static_cast<int>(l), b), cache.v(static_cast<int>(l), b),
-                        cache.key_stride(), cache.dtype(), scr.att.data() + int64_t(b) * c * QW, QW, c, p0 + s0 + c, Hq,
-                        Hkv, D, scale, /*causal=*/true, p0 + s0, prec, /*kv_span=*/p0 + S, cache.head_stride());
+        if (!one_call)
+          kern::attention(pool, qb, QW, cache.k(li, b), cache.v(li, b), cache.key_stride(), cache.dtype(),
+                          scr.att.data() + int64_t(b) * c * QW, QW, c, p0 + s0 + c, Hq, Hkv, D, scale,
+                          /*causal=*/true, p0 + s0, prec, /*kv_span=*/p0 + S, cache.head_stride());
       }
+      if (one_call)
+        kern::attention(pool, scr.q.data(), B * QW, cache.k(li, 0), cache.v(li, 0), cache.key_stride(), cache.dtype(),
+                        scr.att.data(), B * QW, 1, p0 + s0 + 1, B * Hq, B * Hkv, D, scale, /*causal=*/true, p0 + s0,
+                        prec, /*kv_span=*/p0 + S, cache.head_stride());
       kern::linear(pool, scr.att.data(), R, QW, L.o, scr.o.data(), H, prec);  // [R, H]
       kern::add(scr.x.data(), scr.o.data(), scr.x.data(), R * H, prec);       // residual
       // ---- MLP (SwiGLU) ----
