@@ -12,14 +12,14 @@
 // sum accumulated in fp32, rounded once. Emulating
 // these steps is what makes a bf16 run land on the reference's bits (e2e golden cases); with store
 // F32 nothing is rounded and the result is within a few ulps of the exact softmax.
-// The AVX-512 path blocks 4 query rows x 64 keys (scores from a transposed f32 copy of K) and
-// 4 rows x 64 dims (P·V); the portable path walks (query row, block of KV heads) items with AVX2
-// (every K / V row piece loaded once for all the query heads reading it), else one (query, head)
-// row at a time. Both take the
-// GEMM form (attention_gemm: gemm_ex products, AVX2 tiles on CPUs without AVX-512) for bidirectional
-// attention over many rows with F32 K / V (the DiT). In both every
-// output is one sequential FMA chain over the keys, so the thread count never changes a bit.
-// Query head h reads KV head h / (Hq / Hkv) (torch's repeat_interleave in repeat_kv / enable_gqa).
+// The AVX-512 path blocks 4 query rows x 64 keys (scores from a transposed f32 copy of K; a decode
+// step's few rows per KV head take direct dot products instead, 16 keys a block) and 4 rows x 64 dims
+// (P·V); K / V may be token-major rows or head-major (ldh, the KvCache layout); the portable path walks (query row,
+// block of KV heads) items with AVX2 (every K / V row piece loaded once for all the query heads reading it), else one
+// (query, head) row at a time. Both take the GEMM form (attention_gemm: gemm_ex products, AVX2 tiles on CPUs without
+// AVX-512) for bidirectional attention over many rows with F32 K / V whose heads sit side by side (the DiT). In both
+// every output is one sequential FMA chain over the keys, so the thread count never changes a bit. Query head h reads
+// KV head h / (Hq / Hkv) (torch's repeat_interleave in repeat_kv / enable_gqa).
 #pragma GCC optimize("fp-contract=off")
 
 #include <algorithm>
@@ -79,11 +79,11 @@ constexpr int kDB = 64;   // head dims per PV block (4 zmm)
 
 inline __mmask16 lane_mask(int64_t n) { return detail::tail_mask(std::max<int64_t>(0, n)); }
 
-// A decode step reads each KV head's keys with a stride of a whole cache row (all heads), 2 KiB for
-// the LM, so every other key starts a new 4 KiB page and the hardware prefetchers, which stop at page
-// boundaries, leave most K / V lines to demand misses: 3 GB/s (attention_lm_decode_513 49 ms). The
-// score and P·V loops therefore prefetch the row kPfKeys keys ahead (~16 x 256 B in flight per
-// thread). Prefetches change no value.
+// The score and P·V loops prefetch each key's row kPfKeys keys ahead (~16 x 256 B in flight per
+// thread for the LM). With token-major cache rows (a head's keys 2 KiB apart) the hardware prefetchers
+// left most K / V lines to demand misses (attention_lm_decode_513 49 ms without, 3 GB/s); with the
+// head-major KvCache (contiguous keys) they still do little on Zen 5: 18.7 ms without, 4.3 ms with,
+// and 8 / 32 / 64 keys ahead were no better than 16. Prefetches change no value.
 constexpr int64_t kPfKeys = 16;
 #define MM3_ATTN_INLINE inline __attribute__((always_inline))
 
@@ -668,10 +668,11 @@ inline void prefetch_span(const void* p, int64_t bytes) {
   for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 3);
 }
 
-// A decode step reads each key's row piece a whole cache row apart (2 KiB for the LM), so the
-// prefetchers, which stop at 4 KiB pages, leave most K / V lines to demand misses; the loops below
-// fetch the piece kPfKeysP keys ahead. Prefetches change no value. attention_lm_decode_513 on Zen 3
-// (pieces of 4 heads, 1 KiB): 4 / 8 / 16 / 32 keys ahead 17.2-18.0 / 16.0-17.9 / 19.0 / 19.5 ms.
+// The loops below fetch each key's piece kPfKeysP keys ahead: with token-major cache rows (pieces a
+// whole row apart, 2 KiB for the LM) the prefetchers, which stop at 4 KiB pages, left most K / V lines
+// to demand misses. Prefetches change no value. attention_lm_decode_513 on Zen 3 (token-major,
+// pieces of 4 heads, 1 KiB): 4 / 8 / 16 / 32 keys ahead 17.2-18.0 / 16.0-17.9 / 19.0 / 19.5 ms; on
+// Zen 5 with the head-major cache 8 and 16 measured the same.
 constexpr int64_t kPfKeysP = 8;
 
 // One item's geometry: KV heads [hk0, hk0 + HB), each read by `group` query heads; rows of the item's
