@@ -2,6 +2,7 @@
 // Timing: steady_clock around each call of a stage's `run`, after `warmup` untimed calls; the median
 // is the reported figure. Peak RSS: the kernel's VmHWM after the stage, reset before setup through
 // /proc/self/clear_refs ("5") when the kernel allows it, so it is the stage's own peak.
+#include <immintrin.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 
 #include "bench_stages.h"
 #include "core/errors.h"
+#include "core/tensor.h"
 #include "kernels/cpu/simd.h"
 
 namespace mm3::bench {
@@ -43,9 +45,68 @@ double StageResult::median() const {
 double StageResult::min() const { return seconds.empty() ? 0 : *std::min_element(seconds.begin(), seconds.end()); }
 double StageResult::max() const { return seconds.empty() ? 0 : *std::max_element(seconds.begin(), seconds.end()); }
 
+// (The earlier mem_bandwidth read, a uint64 sum that GCC compiled into one vpaddq chain over a
+// std::vector, was 13-38% slower than this on Zen 5, so every floor computed from it was too generous.)
+float stream_sum(const float* p, int64_t n) {
+#if defined(__AVX512F__)
+  __m512 a = _mm512_setzero_ps(), b = a, c = a, d = a;
+  for (int64_t i = 0; i < n; i += 64) {
+    a = _mm512_add_ps(a, _mm512_load_ps(p + i));
+    b = _mm512_add_ps(b, _mm512_load_ps(p + i + 16));
+    c = _mm512_add_ps(c, _mm512_load_ps(p + i + 32));
+    d = _mm512_add_ps(d, _mm512_load_ps(p + i + 48));
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a, b), _mm512_add_ps(c, d)));
+#else
+  float acc[32] = {};
+  for (int64_t i = 0; i < n; i += 32)
+    for (int j = 0; j < 32; ++j) acc[j] += p[i + j];
+  float s = 0;
+  for (float x : acc) s += x;
+  return s;
+#endif
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The memory_floor probe: two halves of 128 MiB (4x a Zen 5 CCD's L3), on huge pages like the
+// weights, created once, before the first such stage's peak-RSS reset, and kept: its size is
+// subtracted from every later peak_rss_mb.
+constexpr int64_t kProbeFloats = int64_t(32) << 20;  // per half
+const Tensor* g_probe = nullptr;
+
+const Tensor& probe_buffer() {
+  if (!g_probe) {
+    auto* t = new Tensor(Tensor::empty(DType::F32, {2 * kProbeFloats}));  // lives for the process
+    float* p = static_cast<float*>(t->raw());
+    for (int64_t i = 0; i < 2 * kProbeFloats; ++i) p[i] = static_cast<float>(i & 1023);
+    g_probe = t;
+  }
+  return *g_probe;
+}
+
+double probe_mb() { return g_probe ? double(g_probe->nbytes()) / 1e6 : 0.0; }
+
+// GB/s of one read of probe half `h` over the pool, one contiguous piece per thread (as mem_bandwidth).
+double probe_bandwidth(const ThreadPool& pool, int h) {
+  const float* p = static_cast<const float*>(probe_buffer().raw()) + h * kProbeFloats;
+  const int64_t per = (kProbeFloats / pool.size() + 63) / 64 * 64, pieces = (kProbeFloats + per - 1) / per;
+  std::vector<float> part(static_cast<size_t>(pieces), 0.f);
+  const auto t0 = Clock::now();
+  pool.parallel_for(
+      pieces,
+      [&](int64_t b, int64_t e) {
+        for (int64_t c = b; c < e; ++c)
+          part[size_t(c)] = stream_sum(p + c * per, std::min(per, kProbeFloats - c * per));
+      },
+      1);
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  volatile float sink = std::accumulate(part.begin(), part.end(), 0.f);  // keeps the reads observable
+  (void)sink;
+  return double(kProbeFloats) * 4 / s / 1e9;
+}
 
 bool reset_peak_rss() {
   std::ofstream f("/proc/self/clear_refs");
@@ -74,6 +135,7 @@ StageResult run_stage(const Stage& s, const BenchContext& ctx, const RunOptions&
   if (opt.runs < 1) throw InvalidInput("--runs must be >= 1");
   StageResult r;
   r.stage = s.name;
+  if (s.memory_floor) probe_buffer();  // before the reset: not part of the stage's peak
   r.peak_rss_per_stage = reset_peak_rss();
   {
     const auto t0 = Clock::now();
@@ -82,6 +144,10 @@ StageResult run_stage(const Stage& s, const BenchContext& ctx, const RunOptions&
     if (!run.run) throw InternalError(fmt::format("bench stage {}: setup returned no run function", s.name));
     for (int i = 0; i < opt.warmup; ++i) run.run();
     for (int i = 0; i < opt.runs; ++i) {
+      // The faster of two reads (one read's dispatch and ramp-up only ever lower it), of different
+      // halves, so neither finds the other's lines in a cache.
+      if (s.memory_floor)
+        r.probe_gbps.push_back(std::max(probe_bandwidth(ctx.pool(), 0), probe_bandwidth(ctx.pool(), 1)));
       const auto t = Clock::now();
       run.run();
       r.seconds.push_back(since(t));
@@ -90,7 +156,7 @@ StageResult run_stage(const Stage& s, const BenchContext& ctx, const RunOptions&
     r.flops = run.flops;
     r.info = run.info;
     if (run.finish) run.finish(r.median(), r.info);
-    r.peak_rss_mb = peak_rss_mb();
+    r.peak_rss_mb = peak_rss_mb() - probe_mb();
   }  // the stage's state is released here
   return r;
 }
@@ -116,6 +182,18 @@ nlohmann::ordered_json result_json(const StageResult& r, int threads) {
   if (r.bytes > 0) {
     j["bytes"] = num(r.bytes);
     j["gb_per_s"] = med > 0 ? r.bytes / med / 1e9 : 0.0;
+  }
+  if (!r.probe_gbps.empty() && r.bytes > 0) {
+    std::vector<double> bw = r.probe_gbps, ratio;
+    for (size_t i = 0; i < r.seconds.size() && i < bw.size(); ++i)
+      ratio.push_back(r.seconds[i] * bw[i] * 1e9 / r.bytes);  // this run against its own floor
+    auto med = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      const size_t n = v.size();
+      return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    };
+    j["mem_probe_gb_per_s"] = med(bw);
+    j["vs_floor"] = med(ratio);
   }
   if (r.flops > 0) {
     j["flops"] = num(r.flops);

@@ -85,6 +85,11 @@ struct Stage {
   std::string name;         // unique; [a-z0-9_]; shape in the name when it is fixed
   std::string description;  // one line: what is timed and what `bytes` counts
   bool needs_model = false;
+  // Bounded by memory: `bytes` / bandwidth is the stage's limit. The runner then reads a 128 MiB probe
+  // buffer right before each timed run (the host's bandwidth drifts by tens of percent within
+  // minutes, so a floor from a mem_bandwidth stage run minutes apart is not this run's) and reports
+  // mem_probe_gb_per_s (median) and vs_floor: the median over runs of seconds x probe GB/s / bytes.
+  bool memory_floor = false;
   std::function<StageRun(const BenchContext&)> setup;
 };
 
@@ -105,6 +110,7 @@ struct RunOptions {
 struct StageResult {
   std::string stage;
   std::vector<double> seconds;  // one per timed run
+  std::vector<double> probe_gbps;  // memory_floor stages: the probe's bandwidth before each run
   double setup_s = 0;
   double bytes = 0, flops = 0;
   double peak_rss_mb = 0;
@@ -115,11 +121,16 @@ struct StageResult {
   double max() const;
 };
 
+// Sum of n floats (n a multiple of 64) read as the fastest plain stream we write: 64-byte loads into
+// four accumulators (AVX-512 where built for it). mem_bandwidth's read and the runner's probe.
+float stream_sum(const float* p, int64_t n);
+
 // Sets up, warms up and times one stage. Exceptions from setup or run propagate.
 StageResult run_stage(const Stage& s, const BenchContext& ctx, const RunOptions& opt);
 
 // The JSON object of one result: stage, runs, median_s, min_s, max_s, mean_s, setup_s, threads,
-// bytes + gb_per_s and flops + gflop_per_s when non-zero, peak_rss_mb (+ peak_rss_scope), info fields.
+// bytes + gb_per_s and flops + gflop_per_s when non-zero, mem_probe_gb_per_s + vs_floor for
+// memory_floor stages, peak_rss_mb (+ peak_rss_scope), info fields.
 nlohmann::ordered_json result_json(const StageResult& r, int threads);
 
 }  // namespace mm3::bench

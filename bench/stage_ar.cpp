@@ -157,6 +157,7 @@ RegisterStage reg_ar_frame{{
                    "16385-row head + CFG + c0 draw, 7 depth steps, feedback, LM decode step M=2 (BF16); "
                    "bytes = LM layer + 16385 head-row weight bytes + depth weights (7 steps) + 7 heads",
     .needs_model = true,
+    .memory_floor = true,
     .setup =
         [](const BenchContext& ctx) {
           const ThreadPool& pool = ctx.pool();
@@ -190,6 +191,7 @@ RegisterStage reg_lm_step{{
     .description = "Qwen3Lm::forward(S=1, B=2): one LM decode step of the 2 CFG rows over a 512-token cached "
                    "prompt (rewound after each run), BF16; bytes = LM layer weights (KV reads not counted)",
     .needs_model = true,
+    .memory_floor = true,
     .setup =
         [](const BenchContext& ctx) {
           const ThreadPool& pool = ctx.pool();
@@ -217,6 +219,7 @@ RegisterStage reg_depth_frame{{
     .description = "RvqDepth::decode_frame: the 7 depth steps of one frame for the 2 CFG rows (guided, seeded "
                    "draws; BF16); bytes = (layers + projection) x 7 steps + the 7 audio heads",
     .needs_model = true,
+    .memory_floor = true,
     .setup =
         [](const BenchContext& ctx) {
           const ThreadPool& pool = ctx.pool();

@@ -152,6 +152,7 @@ Stage ar_stage(QuantType q) {
                      "512-token prompt in the KV cache; bytes = quantized LM layer + head-row bytes + depth "
                      "weights (7 steps) + 7 heads, as streamed",
       .needs_model = true,
+      .memory_floor = true,
       .setup =
           [q, qn](const BenchContext& ctx) {
             const ThreadPool& pool = ctx.pool();
@@ -193,6 +194,7 @@ Stage depth_stage(QuantType q) {
                      ", audio heads int8): the 7 depth steps of one frame for the 2 CFG rows; bytes = "
                      "(quantized layers + projection) x 7 steps + the 7 int8 heads",
       .needs_model = true,
+      .memory_floor = true,
       .setup =
           [q, qn](const BenchContext& ctx) {
             const ThreadPool& pool = ctx.pool();

@@ -81,6 +81,7 @@ RegisterStage gemv_bf16{{
                    "the [cond, uncond] batch), cycling 6 copies (600 MB) so it streams from memory; bytes = "
                    "weight bytes streamed",
     .needs_model = false,
+    .memory_floor = true,
     .setup = [](const BenchContext& ctx) { return linear_stage(ctx, 2, 12288, 4096, DType::BF16, DType::BF16, true); },
 }};
 
@@ -91,6 +92,7 @@ RegisterStage gemv_bf16_kv{{
     .description = "kern::linear M=2 over a BF16 [1024, 4096] weight (LM k_proj / v_proj), cycling copies "
                    "(512 MB) so it streams from memory; bytes = weight bytes streamed",
     .needs_model = false,
+    .memory_floor = true,
     .setup = [](const BenchContext& ctx) { return linear_stage(ctx, 2, 1024, 4096, DType::BF16, DType::BF16, true); },
 }};
 
@@ -99,6 +101,7 @@ RegisterStage gemv_bf16_q{{
     .description = "kern::linear M=2 over a BF16 [4096, 4096] weight (LM q_proj / o_proj), cycling copies "
                    "(512 MB) so it streams from memory; bytes = weight bytes streamed",
     .needs_model = false,
+    .memory_floor = true,
     .setup = [](const BenchContext& ctx) { return linear_stage(ctx, 2, 4096, 4096, DType::BF16, DType::BF16, true); },
 }};
 
@@ -107,6 +110,7 @@ RegisterStage gemv_bf16_qkv{{
     .description = "kern::linear M=2 over a BF16 [6144, 4096] weight (LM q|k|v fused), cycling copies "
                    "(512 MB) so it streams from memory; bytes = weight bytes streamed",
     .needs_model = false,
+    .memory_floor = true,
     .setup = [](const BenchContext& ctx) { return linear_stage(ctx, 2, 6144, 4096, DType::BF16, DType::BF16, true); },
 }};
 
@@ -115,6 +119,7 @@ RegisterStage gemv_bf16_gateup{{
     .description = "kern::linear M=2 over a BF16 [24576, 4096] weight (LM gate|up fused), cycling copies "
                    "(576 MB) so it streams from memory; bytes = weight bytes streamed",
     .needs_model = false,
+    .memory_floor = true,
     .setup = [](const BenchContext& ctx) { return linear_stage(ctx, 2, 24576, 4096, DType::BF16, DType::BF16, true); },
 }};
 
@@ -164,6 +169,7 @@ RegisterStage gemv_int8{{
                    "activations quantized per block inside the op), cycling copies (>= 512 MB); bytes = int8 "
                    "codes + scales streamed",
     .needs_model = false,
+    .memory_floor = true,
     .setup = [](const BenchContext& ctx) { return quant_gemv_stage(ctx, 2, 12288, 4096, kern::QuantType::Int8); },
 }};
 
@@ -172,6 +178,7 @@ RegisterStage gemv_q4{{
     .description = "gemv_int8_4096x12288_m2 with the 4-bit block format; bytes = packed codes + scales + minima "
                    "streamed",
     .needs_model = false,
+    .memory_floor = true,
     .setup = [](const BenchContext& ctx) { return quant_gemv_stage(ctx, 2, 12288, 4096, kern::QuantType::Q4); },
 }};
 
@@ -180,6 +187,7 @@ RegisterStage gemv_int8_down{{
     .description = "gemv_int8_4096x12288_m2 at the LM down_proj shape ([4096, 12288]: long rows, 2 x 12 KiB of "
                    "quantized activations)",
     .needs_model = false,
+    .memory_floor = true,
     .setup = [](const BenchContext& ctx) { return quant_gemv_stage(ctx, 2, 4096, 12288, kern::QuantType::Int8); },
 }};
 
@@ -187,6 +195,7 @@ RegisterStage gemv_q4_down{{
     .name = "gemv_q4_12288x4096_m2",
     .description = "gemv_q4_4096x12288_m2 at the LM down_proj shape ([4096, 12288])",
     .needs_model = false,
+    .memory_floor = true,
     .setup = [](const BenchContext& ctx) { return quant_gemv_stage(ctx, 2, 4096, 12288, kern::QuantType::Q4); },
 }};
 
@@ -317,6 +326,7 @@ RegisterStage attention_lm_decode{{
                    "KvCache holds them (head-major: ldkv = 128, ldh = 513 * 128, row 1's heads after row 0's), "
                    "151 MB in all so it streams from memory; bytes = K + V read",
     .needs_model = false,
+    .memory_floor = true,
     .setup =
         [](const BenchContext& ctx) {
           const ThreadPool& pool = ctx.pool();
@@ -342,30 +352,6 @@ RegisterStage attention_lm_decode{{
           return r;
         },
 }};
-
-// Sum of n floats (n a multiple of 64) read as the fastest plain stream we can write: 64-byte loads into
-// four independent accumulators (AVX-512 where built for it). The earlier uint64 sum, which GCC
-// compiled to one vpaddq chain, read 10-15% slower than this on the same machine minutes apart (Zen 5:
-// 43-48 against 47-62 GB/s), so every floor computed from it was that much too generous.
-float stream_sum(const float* p, int64_t n) {
-#if defined(__AVX512F__)
-  __m512 a = _mm512_setzero_ps(), b = a, c = a, d = a;
-  for (int64_t i = 0; i < n; i += 64) {
-    a = _mm512_add_ps(a, _mm512_load_ps(p + i));
-    b = _mm512_add_ps(b, _mm512_load_ps(p + i + 16));
-    c = _mm512_add_ps(c, _mm512_load_ps(p + i + 32));
-    d = _mm512_add_ps(d, _mm512_load_ps(p + i + 48));
-  }
-  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a, b), _mm512_add_ps(c, d)));
-#else
-  float acc[32] = {};
-  for (int64_t i = 0; i < n; i += 32)
-    for (int j = 0; j < 32; ++j) acc[j] += p[i + j];
-  float s = 0;
-  for (float x : acc) s += x;
-  return s;
-#endif
-}
 
 // ---- compute peaks: the denominators of the README's compute limits ----
 // Each pool thread runs 12 independent accumulator chains (enough to hide the FMA latency on current

@@ -1,0 +1,72 @@
+// bench_runner_test.cpp — the `mm3 bench` runner's derived figures (bench_stages.h): vs_floor pairs
+// each run with the memory probe read just before it, the probe runs only for memory_floor stages,
+// and stream_sum (the probe's and mem_bandwidth's read) adds up what it reads.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "bench_stages.h"
+#include "core/aligned.h"
+
+namespace mm3::bench {
+namespace {
+
+// RED: vs_floor as median(seconds) x median(probe) / bytes gives 2.0 here, not the per-run 1.6.
+TEST(BenchRunner, VsFloorPairsEachRunWithItsProbe) {
+  StageResult r;
+  r.seconds = {0.1, 0.2, 0.3};
+  r.probe_gbps = {50, 40, 60};  // each run's floor: 5 GB / these
+  r.bytes = 5e9;
+  const auto j = result_json(r, 2);
+  ASSERT_TRUE(j.contains("vs_floor"));
+  EXPECT_NEAR(j["vs_floor"].get<double>(), 1.6, 1e-12);  // runs at 1.0, 1.6 and 3.6 x their floors
+  EXPECT_NEAR(j["mem_probe_gb_per_s"].get<double>(), 50.0, 1e-12);
+  EXPECT_NEAR(j["gb_per_s"].get<double>(), 25.0, 1e-9);
+}
+
+TEST(BenchRunner, NoFloorFieldsWithoutAProbe) {
+  StageResult r;
+  r.seconds = {0.1};
+  r.bytes = 5e9;
+  const auto j = result_json(r, 2);
+  EXPECT_FALSE(j.contains("vs_floor"));
+  EXPECT_FALSE(j.contains("mem_probe_gb_per_s"));
+}
+
+TEST(BenchRunner, ProbesOnlyMemoryFloorStages) {
+  const ThreadPool pool(2);
+  const BenchContext ctx(pool, "");
+  for (bool floor : {false, true}) {
+    Stage s;
+    s.name = "probe_test";
+    s.memory_floor = floor;
+    s.setup = [](const BenchContext&) {
+      StageRun run;
+      run.run = [] {};
+      run.bytes = 1e9;
+      return run;
+    };
+    const StageResult r = run_stage(s, ctx, RunOptions{3, 0});
+    EXPECT_EQ(r.seconds.size(), 3u);
+    if (!floor) {
+      EXPECT_TRUE(r.probe_gbps.empty());
+      continue;
+    }
+    ASSERT_EQ(r.probe_gbps.size(), 3u);
+    for (double g : r.probe_gbps) EXPECT_GT(g, 0.1) << "a 256 MiB read cannot take seconds";
+  }
+}
+
+TEST(BenchRunner, StreamSumAddsWhatItReads) {
+  for (int64_t n : {int64_t(64), int64_t(64 * 37)}) {
+    aligned_vector<float> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[size_t(i)] = static_cast<float>((i * 7) % 13) - 6.f;  // small integers: exact
+    const double want = std::accumulate(v.begin(), v.end(), 0.0);
+    EXPECT_EQ(static_cast<double>(stream_sum(v.data(), n)), want) << "n=" << n;
+  }
+}
+
+}  // namespace
+}  // namespace mm3::bench
