@@ -143,15 +143,20 @@ StageResult run_stage(const Stage& s, const BenchContext& ctx, const RunOptions&
     r.setup_s = since(t0);
     if (!run.run) throw InternalError(fmt::format("bench stage {}: setup returned no run function", s.name));
     for (int i = 0; i < opt.warmup; ++i) run.run();
-    for (int i = 0; i < opt.runs; ++i) {
-      // The faster of two reads (one read's dispatch and ramp-up only ever lower it), of different
-      // halves, so neither finds the other's lines in a cache.
+    // A probe before each run and one after the last. Each is the faster of two reads (one read's
+    // dispatch and ramp-up only ever lower it) of different halves, so neither finds the other's
+    // lines in a cache.
+    auto probe = [&] {
       if (s.memory_floor)
         r.probe_gbps.push_back(std::max(probe_bandwidth(ctx.pool(), 0), probe_bandwidth(ctx.pool(), 1)));
+    };
+    for (int i = 0; i < opt.runs; ++i) {
+      probe();
       const auto t = Clock::now();
       run.run();
       r.seconds.push_back(since(t));
     }
+    probe();
     r.bytes = run.bytes;
     r.flops = run.flops;
     r.info = run.info;
@@ -184,9 +189,13 @@ nlohmann::ordered_json result_json(const StageResult& r, int threads) {
     j["gb_per_s"] = med > 0 ? r.bytes / med / 1e9 : 0.0;
   }
   if (!r.probe_gbps.empty() && r.bytes > 0) {
+    // Run i against the floor of its own moment: the faster of the probes just before and just after
+    // it (a short probe read in a momentary slowdown would otherwise flatter the run).
     std::vector<double> bw = r.probe_gbps, ratio;
-    for (size_t i = 0; i < r.seconds.size() && i < bw.size(); ++i)
-      ratio.push_back(r.seconds[i] * bw[i] * 1e9 / r.bytes);  // this run against its own floor
+    for (size_t i = 0; i < r.seconds.size() && i < bw.size(); ++i) {
+      const double b = i + 1 < bw.size() ? std::max(bw[i], bw[i + 1]) : bw[i];
+      ratio.push_back(r.seconds[i] * b * 1e9 / r.bytes);
+    }
     auto med = [](std::vector<double> v) {
       std::sort(v.begin(), v.end());
       const size_t n = v.size();

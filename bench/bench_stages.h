@@ -86,9 +86,10 @@ struct Stage {
   std::string description;  // one line: what is timed and what `bytes` counts
   bool needs_model = false;
   // Bounded by memory: `bytes` / bandwidth is the stage's limit. The runner then reads a 128 MiB probe
-  // buffer right before each timed run (the host's bandwidth drifts by tens of percent within
-  // minutes, so a floor from a mem_bandwidth stage run minutes apart is not this run's) and reports
-  // mem_probe_gb_per_s (median) and vs_floor: the median over runs of seconds x probe GB/s / bytes.
+  // buffer before each timed run and after the last (the host's bandwidth drifts by tens of percent
+  // within minutes, so a floor from a mem_bandwidth stage run minutes apart is not this run's) and
+  // reports mem_probe_gb_per_s (median of the probes) and vs_floor: the median over runs of
+  // seconds x GB/s / bytes, with the faster of the probes just before and just after the run.
   bool memory_floor = false;
   std::function<StageRun(const BenchContext&)> setup;
 };
@@ -110,7 +111,7 @@ struct RunOptions {
 struct StageResult {
   std::string stage;
   std::vector<double> seconds;  // one per timed run
-  std::vector<double> probe_gbps;  // memory_floor stages: the probe's bandwidth before each run
+  std::vector<double> probe_gbps;  // memory_floor stages: the probe's bandwidth before each run and after the last
   double setup_s = 0;
   double bytes = 0, flops = 0;
   double peak_rss_mb = 0;

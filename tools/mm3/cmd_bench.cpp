@@ -113,8 +113,9 @@ RegisterCommand reg{
            "threads, bytes + gb_per_s and flops + gflop_per_s where meaningful, peak_rss_mb (the stage's own\n"
            "high-water mark when the kernel allows resetting it: peak_rss_scope \"stage\"), and stage fields.\n"
            "Memory-bound stages (AR frames and steps, streaming GEMVs, decode attention) also read a 128 MiB\n"
-           "probe right before each run and report mem_probe_gb_per_s (median) and vs_floor: the median of\n"
-           "run seconds x probe GB/s / bytes, i.e. each run against the memory floor of its own moment.\n"
+           "probe before each run and after the last, and report mem_probe_gb_per_s (median) and vs_floor:\n"
+           "the median of run seconds x GB/s / bytes with the faster probe beside the run, i.e. each run\n"
+           "against the memory floor of its own moment.\n"
            "A stage that cannot run is reported on stderr without a number; the exit code is then 1.\n\n"
            "Examples:\n  mm3 bench --list\n  mm3 bench --stage mem_bandwidth --stage gemv_bf16_4096x12288_m2\n"
            "  mm3 bench --full --json > bench.jsonl");
