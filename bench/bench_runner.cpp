@@ -196,13 +196,13 @@ nlohmann::ordered_json result_json(const StageResult& r, int threads) {
       const double b = i + 1 < bw.size() ? std::max(bw[i], bw[i + 1]) : bw[i];
       ratio.push_back(r.seconds[i] * b * 1e9 / r.bytes);
     }
-    auto med = [](std::vector<double> v) {
+    auto median_of = [](std::vector<double> v) {
       std::sort(v.begin(), v.end());
       const size_t n = v.size();
       return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
     };
-    j["mem_probe_gb_per_s"] = med(bw);
-    j["vs_floor"] = med(ratio);
+    j["mem_probe_gb_per_s"] = median_of(bw);
+    j["vs_floor"] = median_of(ratio);
   }
   if (r.flops > 0) {
     j["flops"] = num(r.flops);
