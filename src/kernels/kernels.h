@@ -272,6 +272,8 @@ class ConvWeight {
   std::shared_ptr<const void> gemm;
   // Backend-private bf16 channel-pair form of the direct kernel (conv_dpbf16); null when none.
   std::shared_ptr<const void> pairs;
+  // Backend-private fp32 Winograd F(4,7) form (conv_winograd); null when none.
+  std::shared_ptr<const void> winograd;
 
  private:
   bool transposed_ = false;
@@ -311,6 +313,15 @@ ConvWeight conv_dpbf16(const ConvWeight& w);
 // faster than oneDNN's avx512_core_bf16 GEMMs), else w unchanged. MM3_CONV_BF16=gemm|pairs|direct picks
 // one (direct: no form, the fp32-operand direct kernel on the bf16 weights).
 ConvWeight conv_bf16_form(const ConvWeight& w);
+
+// A copy of a 7-tap, stride-1 Conv1d weight with padding 3·dilation (the vocoder's conv_in and
+// residual-unit conv1) that conv_packed runs, when store is F32, as Winograd F(4,7): per four outputs
+// y[t + e·d] 10 products over the input channels instead of 28 (cpu/conv_winograd.cpp). Not the direct
+// kernel's bits, nor its one-FMA-chain order: the transforms add rounding (rel RMS error against an
+// exact sum ~3e-6 on one layer where the direct kernel's is ~1e-6; the full-size vocoder 1.7e-5 against
+// 8e-6). Bits still depend neither on the thread count nor on the ISA path. Store BF16 ignores the
+// form. Returns w unchanged for other shapes, and when the environment sets MM3_CONV_WINOGRAD=0.
+ConvWeight conv_winograd(const ConvWeight& w);
 
 // torch F.interpolate(mode="nearest") source index (ATen nearest_idx, legacy float32 scale rule).
 int64_t nearest_src_index(int64_t dst, int64_t in_len, int64_t out_len);

@@ -154,7 +154,9 @@ Vocoder::Vocoder(const TensorStore& store, const VocoderConfig& cfg) : cfg_(cfg)
   f32_ = std::make_unique<Weights>();
   Weights& w = *f32_;
   w.in_proj = conv("dec_in_proj", C / 2, Din, 1, 1, false);
-  w.conv_in = conv("conv_in", Din, Hd, 7, 1, true);
+  // The 7-tap layers (but conv_out, one output channel) also get the fp32 Winograd form (kernels.h
+  // conv_winograd: 8 products per output pair instead of 14).
+  w.conv_in = kern::conv_winograd(conv("conv_in", Din, Hd, 7, 1, true));
   int64_t ch = Hd;
   for (int i = 0; i < nb; ++i) {
     const int s = cfg.upsampling_ratios[static_cast<size_t>(i)];
@@ -172,7 +174,7 @@ Vocoder::Vocoder(const TensorStore& store, const VocoderConfig& cfg) : cfg_(cfg)
       const std::string q = p + fmt::format("res_unit{}.", r + 1);
       bl.res[r].alpha1 = vec(q + "snake1.alpha", {1, out, 1});
       bl.res[r].alpha2 = vec(q + "snake2.alpha", {1, out, 1});
-      bl.res[r].conv1 = conv(q + "conv1", out, out, 7, dil[r], true);
+      bl.res[r].conv1 = kern::conv_winograd(conv(q + "conv1", out, out, 7, dil[r], true));
       bl.res[r].conv2 = conv(q + "conv2", out, out, 1, 1, true);
     }
     w.blocks.push_back(std::move(bl));

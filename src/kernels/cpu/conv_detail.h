@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/dtype.h"
+#include "kernels/kernels.h"
 
 namespace mm3::kern::detail {
 
@@ -19,5 +21,20 @@ void snake_row(const float* x, float alpha, float inv, float* y, int64_t n, DTyp
 
 // y[i] = sin(x[i]) by snake_row's sine (the vector one where the CPU has AVX-512), for its tests.
 void sin_row(const float* x, float* y, int64_t n);
+
+// The torch-layout weight [Cout, Cin, K] and bias [Cout] (empty without) of a packed Conv1d
+// (conv_direct.cpp).
+void conv_unpack(const ConvWeight& w, std::vector<float>& weight, std::vector<float>& bias);
+
+// v[co][0 .. cols) = sum_ci w[co, ci] · u[ci][0 .. cols) for a packed one-tap Conv1d w, every co, on the
+// calling thread, by the direct kernel's tiles (no bias), cols <= 64: the input channels in chunks of
+// `chunk`, each summed in one FMA chain from 0, the chunk sums added to v in order. Reads 64 columns of
+// every u row (ldu >= 64); writes only cols of each v row.
+void conv_onetap_strip(const ConvWeight& w, const float* u, int64_t ldu, int cols, float* v, int64_t ldv,
+                       int64_t chunk);
+
+// conv_packed on a conv_winograd weight, store F32 (conv_winograd.cpp).
+void winograd_run(const ThreadPool& pool, const ConvWeight& cw, const float* x, int64_t L, float* y,
+                  const ConvFusion& fusion);
 
 }  // namespace mm3::kern::detail

@@ -649,6 +649,42 @@ ConvWeight ConvWeight::conv_transpose1d(const float* w, const float* bias, int64
   return r;
 }
 
+void detail::conv_unpack(const ConvWeight& w, std::vector<float>& weight, std::vector<float>& bias) {
+  MM3_CHECK(!w.empty() && !w.transposed(), "conv_unpack: not a packed Conv1d");
+  const Packed& P = *static_cast<const Packed*>(w.packed.get());
+  const int64_t Cin = w.in_channels(), Cout = w.out_channels();
+  const int K = w.kernel_size();
+  weight.resize(static_cast<size_t>(Cout * Cin * K));
+  for (int64_t co = 0; co < Cout; ++co)  // undo conv1d's packing above
+    for (int64_t ci = 0; ci < Cin; ++ci)
+      for (int k = 0; k < K; ++k)
+        weight[static_cast<size_t>((co * Cin + ci) * K + k)] =
+            P.w[static_cast<size_t>((((co / kMR) * Cin + ci) * K + k) * kMR + co % kMR)];
+  bias.assign(P.bias.begin(), P.bias.empty() ? P.bias.begin() : P.bias.begin() + Cout);
+}
+
+void detail::conv_onetap_strip(const ConvWeight& w, const float* u, int64_t ldu, int cols, float* v, int64_t ldv,
+                               int64_t chunk) {
+  const Packed& P = *static_cast<const Packed*>(w.packed.get());
+  MM3_CHECK(!w.transposed() && P.taps == 1 && P.phases == 1 && P.raw.empty() && cols > 0 && cols <= kNR && chunk > 0,
+            "conv_onetap_strip: not a one-tap Conv1d, or cols={} chunk={}", cols, chunk);
+  const int64_t Cin = w.in_channels(), Cout = w.out_channels();
+  static const int64_t off0 = 0;
+  const TileFn tile = tile_for(1);
+  TileIO io{};
+  io.first = io.last = true;
+  io.ldy = ldv;
+  io.cols = cols;
+  for (int64_t cob = 0; cob < P.cobs; ++cob) {
+    io.rows = static_cast<int>(std::min<int64_t>(kMR, Cout - cob * kMR));
+    io.y = v + cob * kMR * ldv;
+    for (int64_t c0 = 0; c0 < Cin; c0 += chunk) {
+      io.res = c0 == 0 ? nullptr : io.y;  // chunks after the first: v = v + chunk's chain
+      tile(u + c0 * ldu, ldu, P.w.data() + (cob * Cin + c0) * kMR, std::min(chunk, Cin - c0), 1, &off0, io);
+    }
+  }
+}
+
 ConvWeight ConvWeight::rounded(DType store) const {
   MM3_CHECK(packed, "ConvWeight::rounded on an empty weight");
   auto p = std::make_shared<Packed>(*static_cast<const Packed*>(packed.get()));
@@ -657,6 +693,7 @@ ConvWeight ConvWeight::rounded(DType store) const {
   round_to_store(p->raw.data(), p->raw.size(), store);
   ConvWeight r = *this;
   r.packed = std::move(p);
+  r.winograd.reset();  // its transformed values were not rounded
   return r;
 }
 
@@ -680,11 +717,9 @@ ConvWeight conv_gemm_bf16(const ConvWeight& w) {
                 P.w[static_cast<size_t>(((((co / kMR) * Cin + ci) * J + j) * kMR + co % kMR) * s + l)]);
           }
   } else {
-    for (int64_t co = 0; co < Cout; ++co)  // undo the direct kernel's packing (conv1d above)
-      for (int64_t ci = 0; ci < Cin; ++ci)
-        for (int k = 0; k < K; ++k)
-          g->w[static_cast<size_t>((co * Cin + ci) * K + k)] =
-              f32_to_bf16_bits(P.w[static_cast<size_t>((((co / kMR) * Cin + ci) * K + k) * kMR + co % kMR)]);
+    std::vector<float> wt, unused;
+    detail::conv_unpack(w, wt, unused);
+    for (size_t i = 0; i < wt.size(); ++i) g->w[i] = f32_to_bf16_bits(wt[i]);
   }
   if (!P.bias.empty()) g->bias.assign(P.bias.begin(), P.bias.begin() + Cout);
   ConvWeight r = w;
@@ -890,6 +925,10 @@ void conv_packed(const ThreadPool& pool, const ConvWeight& cw, const float* x, i
   const Packed& P = *static_cast<const Packed*>(cw.packed.get());
   const int64_t Cin = cw.in_channels(), Cout = cw.out_channels(), Lout = cw.out_len(L);
   MM3_CHECK(Lout > 0, "conv_packed: output length {} for L={}", Lout, L);
+  if (cw.winograd && store == DType::F32) {
+    detail::winograd_run(pool, cw, x, L, y, fusion);
+    return;
+  }
   if (cw.gemm && store == DType::BF16 &&
       conv_gemm_run(pool, cw, *static_cast<const GemmForm*>(cw.gemm.get()), x, L, y, fusion))
     return;
