@@ -57,67 +57,93 @@ constexpr int64_t kStrip = 64;                    // tiles per strip: the direct
 constexpr int64_t kChunk = 64;                    // input channels per FMA chain of a product (see Numerics)
 constexpr int64_t kTaskBytes = int64_t(2) << 20;  // a task's H rows
 
-// F(4,7) at the finite points below plus ∞, from Toom-Cook. BT's rows are scaled so their smallest
-// entry is ±1, times the least integer that makes every entry a multiple of 1/256 (rows with ninths
-// become integers); the scale moves into G, applied in double at load. So every BT and AT entry is
-// exact in fp32.
-struct Transform {
-  float BT[kPts][kPts] = {};   // [point][input]
-  float AT[kM][kPts] = {};     // [output][point]
-  double G[kPts][kTaps] = {};  // [point][tap]
+// F(4,7) from Toom-Cook at the points 0, 1, −1, 2, −2, 1/2, −1/2, 3/2, −3/2 and ∞ (rows p in that
+// order). Each BT row is scaled so its smallest entry is ±1, times the least integer making every
+// entry a multiple of 1/256 (rows 3 and 4 had ninths), and G carries the inverse scale: every BT and
+// AT entry is exact in fp32, and G is applied in double at load. (tests/unit/kernels_conv_winograd.cpp
+// rebuilds the unscaled matrices from the points.)
+constexpr float kBT[kPts][kPts] = {
+    {2.25f, 0, -12.8125f, 0, 17.0625f, 0, -7.5f, 0, 1, 0},
+    {0, -2.25f, -2.25f, 10.5625f, 10.5625f, -6.5f, -6.5f, 1, 1, 0},
+    {0, 2.25f, -2.25f, -10.5625f, 10.5625f, 6.5f, -6.5f, -1, 1, 0},
+    {0, -18, -9, 98, 49, -112, -56, 32, 16, 0},
+    {0, 18, -9, -98, 49, 112, -56, -32, 16, 0},
+    {0, 9, 18, -15.25f, -30.5f, 7.25f, 14.5f, -1, -2, 0},
+    {0, -9, 18, 15.25f, -30.5f, -7.25f, 14.5f, 1, -2, 0},
+    {0, 1.5f, 1, -7.875f, -5.25f, 7.875f, 5.25f, -1.5f, -1, 0},
+    {0, -1.5f, 1, 7.875f, -5.25f, -7.875f, 5.25f, 1.5f, -1, 0},
+    {0, 2.25f, 0, -12.8125f, 0, 17.0625f, 0, -7.5f, 0, 1},
+};
+constexpr float kAT[kM][kPts] = {
+    {1, 1, 1, 1, 1, 1, 1, 1, 1, 0},
+    {0, 1, -1, 2, -2, 0.5f, -0.5f, 1.5f, -1.5f, 0},
+    {0, 1, 1, 4, 4, 0.25f, 0.25f, 2.25f, 2.25f, 0},
+    {0, 1, -1, 8, -8, 0.125f, -0.125f, 3.375f, -3.375f, 1},
+};
+constexpr double kG[kPts][kTaps] = {
+    {4. / 9, 0, 0, 0, 0, 0, 0},
+    {8. / 45, 8. / 45, 8. / 45, 8. / 45, 8. / 45, 8. / 45, 8. / 45},
+    {8. / 45, -8. / 45, 8. / 45, -8. / 45, 8. / 45, -8. / 45, 8. / 45},
+    {1. / 2520, 1. / 1260, 1. / 630, 1. / 315, 2. / 315, 4. / 315, 8. / 315},
+    {1. / 2520, -1. / 1260, 1. / 630, -1. / 315, 2. / 315, -4. / 315, 8. / 315},
+    {8. / 45, 4. / 45, 2. / 45, 1. / 45, 1. / 90, 1. / 180, 1. / 360},
+    {8. / 45, -4. / 45, 2. / 45, -1. / 45, 1. / 90, -1. / 180, 1. / 360},
+    {16. / 315, 8. / 105, 4. / 35, 6. / 35, 9. / 35, 27. / 70, 81. / 140},
+    {16. / 315, -8. / 105, 4. / 35, -6. / 35, 9. / 35, -27. / 70, 81. / 140},
+    {0, 0, 0, 0, 0, 0, 1},
 };
 
-Transform make_transform() {
-  static const double a[kPts - 1] = {0, 1, -1, 2, -2, 0.5, -0.5, 1.5, -1.5};
-  constexpr int f = kPts - 1;  // finite points
-  Transform T;
-  double C[kPts][kPts] = {};  // [coefficient][point]: Lagrange bases of the finite points; M(z) for ∞
-  for (int j = 0; j < f; ++j) {
-    double poly[kPts] = {1}, den = 1;
-    int deg = 0;
-    for (int k = 0; k < f; ++k) {
-      if (k == j) continue;
-      for (int i = deg + 1; i > 0; --i) poly[i] = poly[i - 1] - a[k] * poly[i];
-      poly[0] = -a[k] * poly[0];
-      ++deg;
-      den *= a[j] - a[k];
+// 16 floats as one GCC/Clang vector value: the transforms below are lane-wise fp32 multiplies and
+// adds, the same bits on every ISA (one zmm with AVX-512, two ymm with AVX2, SSE otherwise).
+// (Internal, inlined helpers: -Wpsabi's note on passing such values without AVX-512 does not apply.)
+#pragma GCC diagnostic ignored "-Wpsabi"
+typedef float v16 __attribute__((vector_size(64)));
+
+inline v16 load16(const float* p) {
+  v16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
+
+// out[r] = sum of coef[r][i] · v[i] over the nonzero coefficients, in ascending i: the first term a
+// product, then one add per term (fp-contract is off: no fusing). Unrolled at compile time, so the
+// zero coefficients cost nothing.
+template <int R, int N>
+inline void apply(const float (&coef)[R][N], const v16 (&v)[N], v16 (&out)[R]) {
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    v16 acc = {};
+    bool first = true;
+#pragma GCC unroll 16
+    for (int i = 0; i < N; ++i) {
+      if (coef[r][i] == 0.f) continue;
+      acc = first ? coef[r][i] * v[i] : acc + coef[r][i] * v[i];
+      first = false;
     }
-    for (int i = 0; i <= deg; ++i) C[i][j] = poly[i] / den;
+    out[r] = acc;
   }
-  {
-    double poly[kPts] = {1};
-    for (int k = 0; k < f; ++k) {
-      for (int i = k + 1; i > 0; --i) poly[i] = poly[i - 1] - a[k] * poly[i];
-      poly[0] = -a[k] * poly[0];
-    }
-    for (int i = 0; i < kPts; ++i) C[i][f] = poly[i];
-  }
-  for (int p = 0; p < kPts; ++p) {
-    double s = 0;  // smallest entry, then divided by the least q making every entry a multiple of 1/256
-    for (int i = 0; i < kPts; ++i)
-      if (C[i][p] != 0 && (s == 0 || std::fabs(C[i][p]) < s)) s = std::fabs(C[i][p]);
-    for (int q = 1; q <= 64; ++q) {
-      bool exact = true;
-      for (int i = 0; i < kPts; ++i) {
-        const double v = C[i][p] / s * q * 256;
-        exact = exact && std::fabs(v - std::nearbyint(v)) < 1e-6;
-      }
-      if (exact) {
-        s /= q;
-        break;
-      }
-    }
-    for (int i = 0; i < kPts; ++i) T.BT[p][i] = static_cast<float>(std::nearbyint(C[i][p] / s * 256) / 256);
-    for (int k = 0; k < kTaps; ++k) T.G[p][k] = (p < f ? std::pow(a[p], k) : (k == kTaps - 1 ? 1.0 : 0.0)) * s;
-  }
-  for (int e = 0; e < kM; ++e)
-    for (int p = 0; p < kPts; ++p) T.AT[e][p] = static_cast<float>(p < f ? std::pow(a[p], e) : (e == kM - 1 ? 1 : 0));
-  return T;
 }
 
-const Transform& transform() {
-  static const Transform t = make_transform();
-  return t;
+// U_p[ci][k] for every point p (rows ldp apart) and the strip's 64 tiles k, from one input channel's
+// H rows (input i of tile k at in[i][k]).
+void input_transform(const float* const (&in)[kPts], float* u, int64_t ldp) {
+  for (int k = 0; k < kStrip; k += 16) {
+    v16 v[kPts], o[kPts];
+    for (int i = 0; i < kPts; ++i) v[i] = load16(in[i] + k);
+    apply(kBT, v, o);
+    for (int p = 0; p < kPts; ++p) store16(u + p * ldp + k, o[p]);
+  }
+}
+
+// out[e][k] = AT · (V_p[k])_p for one output channel (V_p rows at v[p]).
+void output_transform(const float* const (&v)[kPts], float (&out)[kM][kStrip]) {
+  for (int k = 0; k < kStrip; k += 16) {
+    v16 a[kPts], o[kM];
+    for (int p = 0; p < kPts; ++p) a[p] = load16(v[p] + k);
+    apply(kAT, a, o);
+    for (int e = 0; e < kM; ++e) store16(out[e] + k, o[e]);
+  }
 }
 
 struct WinoForm {
@@ -151,12 +177,11 @@ ConvWeight conv_winograd(const ConvWeight& w) {
   std::vector<float> wt, bias;
   detail::conv_unpack(w, wt, bias);  // [Cout, Cin, 7]
   auto f = std::make_shared<WinoForm>();
-  const Transform& T = transform();
   std::vector<float> wp(static_cast<size_t>(Cout * Cin));
   for (int p = 0; p < kPts; ++p) {
     for (int64_t i = 0; i < Cout * Cin; ++i) {
       double s = 0;
-      for (int k = 0; k < kTaps; ++k) s += T.G[p][k] * double(wt[static_cast<size_t>(i * kTaps + k)]);
+      for (int k = 0; k < kTaps; ++k) s += kG[p][k] * double(wt[static_cast<size_t>(i * kTaps + k)]);
       wp[static_cast<size_t>(i)] = static_cast<float>(s);
     }
     f->pts.push_back(ConvWeight::conv1d(wp.data(), nullptr, Cout, Cin, 1, 0, 1));
@@ -172,7 +197,6 @@ namespace detail {
 void winograd_run(const ThreadPool& pool, const ConvWeight& cw, const float* x, int64_t L, float* y,
                   const ConvFusion& fusion) {
   const WinoForm& f = *static_cast<const WinoForm*>(cw.winograd.get());
-  const Transform& T = transform();
   constexpr int m = kM, np = kPts, qmax = (np - 1) / m;
   const int64_t Cin = cw.in_channels(), Cout = cw.out_channels();
   const int64_t D = cw.dilation(), MD = m * D, nblocks = (L + MD - 1) / MD;
@@ -195,7 +219,7 @@ void winograd_run(const ThreadPool& pool, const ConvWeight& cw, const float* x, 
     };
     const int64_t rl_max = row_len(bpt * D);
     grow(H, Cin * m * rl_max);
-    grow(U, Cin * kStrip);
+    grow(U, np * Cin * kStrip);
     grow(V, np * Cout * kStrip);
     grow(seg, (rl_max / D + 1) * MD);
     for (int64_t task; (task = next.fetch_add(1)) < n_tasks;) {
@@ -227,60 +251,43 @@ void winograd_run(const ThreadPool& pool, const ConvWeight& cw, const float* x, 
                 h[r * rowlen + bb * D + j] = s[bb * MD + r * D + j];
         }
       }
-      // 2. Strips of 64 tiles: per point U = BT_p · inputs, V_p = Gw_p · U (the direct kernel's tiles);
-      //    then y = AT · V (+ bias, + residual), back to interleaved positions.
+      // 2. Strips of 64 tiles: U = BT · inputs for every point, V_p = Gw_p · U_p (the direct kernel's
+      //    tiles), then y = AT · V (+ bias, + residual), back to interleaved positions.
       for (int64_t s0 = 0; s0 < n; s0 += kStrip) {
         const int cols = static_cast<int>(std::min<int64_t>(kStrip, n - s0));
-        for (int p = 0; p < np; ++p) {
-          for (int64_t ci = 0; ci < Cin; ++ci) {
-            const float* h = H.data() + ci * m * rowlen + s0;
-            float* u = U.data() + ci * kStrip;
-            bool first = true;
-            for (int i = 0; i < np; ++i) {
-              const float c = T.BT[p][i];
-              if (c == 0.f) continue;
-              const float* r = h + (i % m) * rowlen + (i / m) * D;
-              if (first)
-                for (int k = 0; k < kStrip; ++k) u[k] = c * r[k];
-              else
-                for (int k = 0; k < kStrip; ++k) u[k] = u[k] + c * r[k];
-              first = false;
-            }
-          }
-          conv_onetap_strip(f.pts[static_cast<size_t>(p)], U.data(), kStrip, cols, V.data() + p * Cout * kStrip, kStrip,
-                            kChunk);
+        for (int64_t ci = 0; ci < Cin; ++ci) {
+          const float* h = H.data() + ci * m * rowlen + s0;
+          const float* in[kPts];
+          for (int i = 0; i < np; ++i) in[i] = h + (i % m) * rowlen + (i / m) * D;
+          input_transform(in, U.data() + ci * kStrip, Cin * kStrip);
         }
+        for (int p = 0; p < np; ++p)
+          conv_onetap_strip(f.pts[static_cast<size_t>(p)], U.data() + p * Cin * kStrip, kStrip, cols,
+                            V.data() + p * Cout * kStrip, kStrip, kChunk);
+        const int64_t k0 = s0 % D, t0 = MD * (b0 + s0 / D) + k0;  // tile s0's first output
         for (int64_t co = 0; co < Cout; ++co) {
+          const float* v[kPts];
+          for (int p = 0; p < np; ++p) v[p] = V.data() + (p * Cout + co) * kStrip;
+          float out[kM][kStrip];
+          output_transform(v, out);
           const float bc = bias ? bias[co] : 0.f;
           float* yr = y + co * L;
           const float* res = fusion.residual ? fusion.residual + co * L : nullptr;
-          for (int e = 0; e < m; ++e) {
-            float out[kStrip];
-            bool first = true;
-            for (int p = 0; p < np; ++p) {
-              const float c = T.AT[e][p];
-              if (c == 0.f) continue;
-              const float* v = V.data() + (p * Cout + co) * kStrip;
-              if (first)
-                for (int k = 0; k < kStrip; ++k) out[k] = c * v[k];
-              else
-                for (int k = 0; k < kStrip; ++k) out[k] = out[k] + c * v[k];
-              first = false;
+          int64_t t = t0, j = k0;  // output 0 of tile s0 + k, its position in the block
+          for (int k = 0; k < cols; ++k) {
+            for (int e = 0; e < m; ++e) {
+              const int64_t te = t + e * D;
+              if (te >= L) break;
+              float val = out[e][k];
+              if (bias) val = val + bc;
+              if (res) val = res[te] + val;
+              yr[te] = val;
             }
-            int64_t t = MD * (b0 + s0 / D) + e * D + s0 % D, j = s0 % D;  // tile s0's output e
-            for (int k = 0; k < cols; ++k) {
-              if (t < L) {
-                float val = out[k];
-                if (bias) val = val + bc;
-                if (res) val = res[t] + val;
-                yr[t] = val;
-              }
-              if (++j == D) {
-                j = 0;
-                t += MD - D + 1;
-              } else {
-                ++t;
-              }
+            if (++j == D) {
+              j = 0;
+              t += MD - D + 1;
+            } else {
+              ++t;
             }
           }
         }
