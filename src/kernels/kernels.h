@@ -322,6 +322,9 @@ ConvWeight conv_bf16_form(const ConvWeight& w);
 // 8e-6). Bits still depend neither on the thread count nor on the ISA path. Store BF16 ignores the
 // form. Returns w unchanged for other shapes, and when the environment sets MM3_CONV_WINOGRAD=0.
 ConvWeight conv_winograd(const ConvWeight& w);
+// The share of a layer's multiply-adds its Winograd form runs in its products (10 per 4 outputs
+// instead of 28).
+inline constexpr double kWinogradProductShare = 10.0 / 28.0;
 
 // torch F.interpolate(mode="nearest") source index (ATen nearest_idx, legacy float32 scale rule).
 int64_t nearest_src_index(int64_t dst, int64_t in_len, int64_t out_len);

@@ -207,6 +207,21 @@ double Vocoder::flops(int64_t L) const {
   return 2.0 * (f + w.conv_out.flops(len));  // two stereo streams
 }
 
+double Vocoder::flops_executed(int64_t L) const {
+  const Weights& w = *f32_;
+  auto f = [](const kern::ConvWeight& c, int64_t len) {
+    return c.flops(len) * (c.winograd ? kern::kWinogradProductShare : 1.0);
+  };
+  double total = f(w.in_proj, L) + f(w.conv_in, L);
+  int64_t len = L;
+  for (const auto& bl : w.blocks) {
+    total += f(bl.up, len);
+    len = bl.up.out_len(len);
+    for (const auto& r : bl.res) total += f(r.conv1, len) + f(r.conv2, len);
+  }
+  return 2.0 * (total + f(w.conv_out, len));
+}
+
 const Vocoder::Weights& Vocoder::weights(DType compute) const {
   if (compute == DType::F32) return *f32_;
   if (compute != DType::BF16)

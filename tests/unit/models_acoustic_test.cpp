@@ -9,14 +9,15 @@
 #include <filesystem>
 #include <iostream>
 
+#include "core_test_util.h"
 #include "diffusion/noise.h"
 #include "diffusion/windows.h"
+#include "io/safetensors.h"
+#include "kernels/kernels.h"
 #include "model/checkpoint.h"
 #include "model/condition_encoder.h"
 #include "model/dit.h"
-#include "io/safetensors.h"
 #include "model/vocoder.h"
-#include "core_test_util.h"
 
 namespace mm3 {
 namespace {
@@ -222,6 +223,32 @@ TEST(AcousticGolden, VocoderAndConditionMatchAndRepeat) {
   Tensor c = ce.forward(pool, g.get("frame_hiddens"));
   EXPECT_EQ(c.shape(), (Shape{1, 516, ck.configs().cond.out_dim}));
   EXPECT_LT(rel_rms(c, g.get("condition")), 1e-5);
+}
+
+// flops(): every conv's multiply-adds as the model defines them; flops_executed(): the 7-tap layers
+// (conv_in, every residual unit's conv1) at kWinogradProductShare of theirs when the Winograd form is on.
+TEST(AcousticGolden, VocoderFlopsCountTheWinogradLayers) {
+  REQUIRE_GOLDEN();
+  Checkpoint ck((golden() / "checkpoint").string());
+  const VocoderConfig& c = ck.configs().vocoder;
+  Vocoder voc(ck.store("vocoder"), c);
+  const int64_t L = 7, Din = c.decoder_input_dim, Hd = c.decoder_hidden_dim;
+  double k7 = double(Din) * Hd * 7 * L, all = double(c.latent_channels / 2) * Din * L + k7;  // in_proj, conv_in
+  int64_t len = L, ch = Hd;
+  for (int s : c.upsampling_ratios) {
+    all += double(ch) * (ch / 2) * 2 * s * len;  // ConvTranspose1d: every input times every tap
+    ch /= 2;
+    len *= s;
+    k7 += 3.0 * ch * ch * 7 * len;
+    all += 3.0 * ch * ch * 7 * len + 3.0 * ch * ch * len;
+  }
+  all += double(ch) * 7 * len;  // conv_out
+  EXPECT_DOUBLE_EQ(voc.flops(L), 2 * 2 * all);
+  const std::vector<float> w(3 * 2 * 7, 0.5f);
+  const bool on = bool(kern::conv_winograd(kern::ConvWeight::conv1d(w.data(), nullptr, 3, 2, 7, 3, 1)).winograd);
+  std::cout << "[ NOTE     ] Winograd form " << (on ? "on" : "off (MM3_CONV_WINOGRAD=0)") << "\n";
+  EXPECT_NEAR(voc.flops_executed(L), 2 * 2 * (all - (on ? (1 - kern::kWinogradProductShare) * k7 : 0.0)),
+              1e-9 * voc.flops(L));
 }
 
 // A VocoderWorkspace reused across calls of different lengths and precisions gives the bits of a fresh
