@@ -7,7 +7,8 @@ namespace mm3::cli {
 
 void add_profile_flags(CLI::App& sub, ProfileArgs& a) {
   sub.add_option("--acoustic-precision", a.acoustic_precision,
-                 "DiT + vocoder compute: f32 (default; the reference profile, exact against the goldens) or bf16 "
+                 "DiT + vocoder compute: f32 (default; the reference profile, exact against the goldens; the vocoder's "
+                 "7-tap convs as Winograd F(4,7), environment MM3_CONV_WINOGRAD=0 for the direct form) or bf16 "
                  "(measured: the DiT 1.8x faster on Zen 4, 2.9x with AMX; the vocoder 1.3-1.9x; needs AVX512-BF16; the "
                  "waveform moves ~3% RMS from f32's)");
   sub.add_option("--quant", a.quant,
