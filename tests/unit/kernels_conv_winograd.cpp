@@ -7,13 +7,15 @@
 // * a per-output error bound from the transforms' magnitudes, and accuracy within a few times the
 //   direct kernel's on the same data (rel RMS against the exact sum);
 // * bits independent of the thread count; the fused call equals snake -> conv -> add; the form only
-//   for its shape and only for store F32; rounded() drops it.
+//   for its shape and only for store F32; rounded() drops it; the products' kernel is its definition bit
+//   for bit.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/conv_detail.h"
 #include "kernels/kernels.h"
 #include "kernels/ref/ref_kernels.h"
 #include "kernels_util.h"
@@ -255,6 +257,35 @@ TEST(KernelsConvWinograd, OnlyItsShapeAndStoreF32) {
   kern::conv_packed(pool, direct, x.data(), 50, yd.data(), DType::F32);
   kern::conv_packed(pool, wino, x.data(), 50, yw.data(), DType::F32);
   EXPECT_GT(test::count_bit_diffs(yw.data(), 200, yd.data(), 1, 200), 0) << "store F32 should run the form";
+}
+
+// The products' kernel (conv_detail.h conv_onetap_strip), bit for bit against its definition: per output,
+// each chunk of input channels one FMA chain from 0, the chunk sums added in order. A full 64-column strip
+// takes the AVX-512 body where the CPU has it, a narrower one the direct kernel's tiles: both are checked.
+TEST(KernelsConvWinograd, OnetapStripIsChunkedFmaChains) {
+  Rng rng(65);
+  const int64_t Cin = 200, Cout = 13, chunk = 64;
+  const std::vector<float> w = rng.vec(size_t(Cout * Cin), -1, 1), u = rng.vec(size_t(Cin * 64), -2, 2);
+  const kern::ConvWeight cw = kern::ConvWeight::conv1d(w.data(), nullptr, Cout, Cin, 1, 0, 1);
+  for (int cols : {64, 63, 17}) {
+    SCOPED_TRACE("cols=" + std::to_string(cols));
+    Guarded v(Cout, cols, 64);
+    kern::detail::conv_onetap_strip(cw, u.data(), 64, cols, v.data(), 64, chunk);
+    EXPECT_EQ(v.touched_outside(), 0);
+    std::vector<float> want(static_cast<size_t>(Cout * cols));
+    for (int64_t co = 0; co < Cout; ++co)
+      for (int k = 0; k < cols; ++k) {
+        float total = 0.f;
+        for (int64_t c0 = 0; c0 < Cin; c0 += chunk) {
+          float acc = 0.f;
+          for (int64_t ci = c0; ci < std::min(Cin, c0 + chunk); ++ci)
+            acc = std::fma(w[co * Cin + ci], u[ci * 64 + k], acc);
+          total = c0 == 0 ? acc : total + acc;
+        }
+        want[static_cast<size_t>(co * cols + k)] = total;
+      }
+    EXPECT_EQ(test::count_bit_diffs(v.data(), 64, want.data(), Cout, cols), 0);
+  }
 }
 
 }  // namespace

@@ -27,7 +27,8 @@ void sin_row(const float* x, float* y, int64_t n);
 void conv_unpack(const ConvWeight& w, std::vector<float>& weight, std::vector<float>& bias);
 
 // v[co][0 .. cols) = sum_ci w[co, ci] · u[ci][0 .. cols) for a packed one-tap Conv1d w, every co, on the
-// calling thread, by the direct kernel's tiles (no bias), cols <= 64: the input channels in chunks of
+// calling thread (no bias), cols <= 64: a full strip by its own AVX-512 body where the CPU has it, else by
+// the direct kernel's tiles, the same bits either way: the input channels in chunks of
 // `chunk`, each summed in one FMA chain from 0, the chunk sums added to v in order. Reads 64 columns of
 // every u row (ldu >= 64); writes only cols of each v row.
 void conv_onetap_strip(const ConvWeight& w, const float* u, int64_t ldu, int cols, float* v, int64_t ldv,

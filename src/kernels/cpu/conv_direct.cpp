@@ -663,12 +663,55 @@ void detail::conv_unpack(const ConvWeight& w, std::vector<float>& weight, std::v
   bias.assign(P.bias.begin(), P.bias.empty() ? P.bias.begin() : P.bias.begin() + Cout);
 }
 
+namespace {
+
+// conv_onetap_strip's AVX-512 body for one block of kMR output channels (rows <= kMR valid) and a full
+// strip of kNR columns: each chunk's chains from 0 in the 24 accumulators, then stored (first chunk)
+// or added to v's values (later chunks) — the tile path's sums, in its order, without a tile call,
+// prologue and masked epilogue per chunk.
+MM3_AVX512_TARGET void onetap_chunks_avx512(const float* u, int64_t ldu, const float* w, int64_t Cin, int64_t chunk,
+                                            int rows, float* v, int64_t ldv) {
+  for (int64_t c0 = 0; c0 < Cin; c0 += chunk) {
+    __m512 acc[kMR][kNV];
+#pragma GCC unroll 6
+    for (int m = 0; m < kMR; ++m)
+#pragma GCC unroll 4
+      for (int q = 0; q < kNV; ++q) acc[m][q] = _mm512_setzero_ps();
+    const int64_t c1 = std::min(Cin, c0 + chunk);
+    for (int64_t c = c0; c < c1; ++c) {
+      __m512 x[kNV];
+#pragma GCC unroll 4
+      for (int q = 0; q < kNV; ++q) x[q] = _mm512_loadu_ps(u + c * ldu + 16 * q);
+#pragma GCC unroll 6
+      for (int m = 0; m < kMR; ++m) {
+        const __m512 wv = _mm512_set1_ps(w[c * kMR + m]);
+#pragma GCC unroll 4
+        for (int q = 0; q < kNV; ++q) acc[m][q] = _mm512_fmadd_ps(wv, x[q], acc[m][q]);
+      }
+    }
+    for (int m = 0; m < rows; ++m)
+#pragma GCC unroll 4
+      for (int q = 0; q < kNV; ++q) {
+        float* p = v + m * ldv + 16 * q;
+        _mm512_storeu_ps(p, c0 == 0 ? acc[m][q] : _mm512_add_ps(_mm512_loadu_ps(p), acc[m][q]));
+      }
+  }
+}
+
+}  // namespace
+
 void detail::conv_onetap_strip(const ConvWeight& w, const float* u, int64_t ldu, int cols, float* v, int64_t ldv,
                                int64_t chunk) {
   const Packed& P = *static_cast<const Packed*>(w.packed.get());
   MM3_CHECK(!w.transposed() && P.taps == 1 && P.phases == 1 && P.raw.empty() && cols > 0 && cols <= kNR && chunk > 0,
             "conv_onetap_strip: not a one-tap Conv1d, or cols={} chunk={}", cols, chunk);
   const int64_t Cin = w.in_channels(), Cout = w.out_channels();
+  if (cols == kNR && detail::cpu_has_avx512()) {
+    for (int64_t cob = 0; cob < P.cobs; ++cob)
+      onetap_chunks_avx512(u, ldu, P.w.data() + cob * Cin * kMR, Cin, chunk,
+                           static_cast<int>(std::min<int64_t>(kMR, Cout - cob * kMR)), v + cob * kMR * ldv, ldv);
+    return;
+  }
   static const int64_t off0 = 0;
   const TileFn tile = tile_for(1);
   TileIO io{};
