@@ -25,10 +25,10 @@
 // Numerics. Not the direct kernel's bits: the transforms add rounding, and the cancellation in AT
 // amplifies the products' rounding. To keep the error near the direct kernel's, each V_p sums its input
 // channels in chunks of 64 (each chunk one FMA chain from 0, the chunks added in order) instead of one
-// chain. Measured (rel RMS against an fp64 evaluation): one 192-channel layer 4.2e-6 with chunks, 5.0e-6
-// without, the direct kernel 6.5e-7; the whole full-size vocoder (random weights, L = 120) 1.75e-5
-// (4.9e-5 unchunked; the direct kernel 8.2e-6, torch's fp32 2.3e-6; F(2,7) chunked 6.2e-6 but ~1.2 s
-// slower per window); the golden vocoder cases (vocoder_crosscheck.py) 3.0e-7 against a rule of 1e-5.
+// chain. Measured (rel RMS against an fp64 evaluation): one 192-channel layer 3.2e-6 with chunks, 5.0e-6
+// without, the direct kernel 6.5e-7; the whole full-size vocoder (random weights, L = 120) 1.74e-5
+// (4.9e-5 unchunked; the direct kernel 8.2e-6, torch's fp32 2.3e-6; F(2,7) chunked 6.2e-6 but ~1.3 s
+// slower per window); the golden vocoder cases (vocoder_crosscheck.py) 2.4-3.0e-7 against a rule of 1e-5.
 // The transforms are fixed sequences of fp32 multiplies and adds, so bits depend neither on the thread
 // count nor on the ISA path. Store BF16 ignores the form (it would round the transformed values);
 // MM3_CONV_WINOGRAD=0 turns it off.
