@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <numeric>
 #include <string>
@@ -179,6 +180,9 @@ nlohmann::ordered_json result_json(const StageResult& r, int threads) {
   j["setup_s"] = r.setup_s;
   j["threads"] = threads;
   j["isa"] = kern::detail::isa_name();  // the kernels' dispatch level (MM3_ISA may cap it)
+  // How libgomp's threads (oneDNN's) wait between calls; the mm3 command sets PASSIVE when unset.
+  const char* wait = std::getenv("OMP_WAIT_POLICY");
+  j["omp_wait_policy"] = wait ? wait : "unset";
   // Whole numbers print as integers (bytes and flops usually are).
   auto num = [](double v) -> nlohmann::ordered_json {
     if (v == std::floor(v) && v < 9e15) return static_cast<int64_t>(v);

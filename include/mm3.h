@@ -58,7 +58,10 @@ typedef enum mm3_ar_weights {
 typedef struct mm3_model_params {
   int n_threads;   /* 0 = all cores */
   int low_memory;  /* nonzero: free the LM and depth decoder before the DiT loads */
-  mm3_precision acoustic_precision; /* DiT + vocoder compute; F32 = the reference profile (default) */
+  mm3_precision acoustic_precision; /* DiT + vocoder compute; F32 = the reference profile (default).
+                                       BF16 runs its GEMMs in oneDNN on OpenMP threads: start the program
+                                       with OMP_WAIT_POLICY=PASSIVE in its environment (the mm3 command
+                                       does this itself), or they spin against mm3's own threads (~5%) */
   mm3_ar_weights ar_weights;        /* LM + depth-decoder weights (default: the checkpoint's own) */
 } mm3_model_params;
 MM3_API mm3_model_params mm3_model_default_params(void);
