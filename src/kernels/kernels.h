@@ -107,6 +107,15 @@ LinearWeight gemm_only_f32(const LinearWeight& w, const ThreadPool& pool);
 void linear(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const LinearWeight& w, float* y,
             int64_t ldy, DType store);
 
+// linear() for a bf16 computation whose x is held as bf16 bits (rows of uint16_t, stride ldx), so
+// a caller that produces bf16 activations (layer_norm_bf16, silu_mul_bf16) hands them to the GEMM
+// without a float copy and a conversion pass: y bitwise what linear(x as floats, ..., BF16) writes.
+// round_y false lets a gemm_only_bf16 weight leave y as oneDNN's fp32 sums, not yet rounded to bf16,
+// for a consumer that rounds as it reads (silu_mul_bf16): one pass over y fewer. Any other weight
+// rounds anyway (rounding is idempotent, so such a consumer sees the same values).
+void linear_bf16_in(const ThreadPool& pool, const uint16_t* x, int64_t M, int64_t ldx, const LinearWeight& w, float* y,
+                    int64_t ldy, bool round_y = true);
+
 // linear() of several weights that read the same x (same in_features), e.g. a layer's q, k and v
 // projections: y_i = x · W_iᵀ (+ bias_i) rounded to `store`, bitwise what linear(x, *w_i) writes.
 // Where the decode GEMV serves them all (M <= 4; all quantized, or all plain of one dtype) it is one
@@ -142,6 +151,11 @@ void rms_norm(const float* x, int64_t rows, int64_t dim, int64_t ldx, const floa
 // torch LayerNorm over the last dim (biased variance), affine: y = (x - mean) / sqrt(var + eps) * w + b.
 void layer_norm(const float* x, int64_t rows, int64_t dim, int64_t ldx, const float* weight, const float* bias,
                 float eps, float* y, int64_t ldy, DType store);
+
+// layer_norm(..., BF16) with its output written as bf16 bits (the same values): the input of a
+// linear_bf16_in.
+void layer_norm_bf16(const float* x, int64_t rows, int64_t dim, int64_t ldx, const float* weight, const float* bias,
+                     float eps, uint16_t* y, int64_t ldy);
 
 // RoPE tables as transformers' default rope computes them: inv_freq[i] = 1 / theta^(2i / rot_dim)
 // (fp32), freqs = pos * inv_freq (fp32), emb = cat(freqs, freqs), cos/sin in fp32 then rounded to
@@ -189,6 +203,10 @@ void softmax_rows(float* x, int64_t rows, int64_t cols);
 // Serves SwiGLU (Qwen3: silu(gate) * up) and the DiT's GLU (a * silu(g): pass gate = g, up = a).
 void silu_mul(const float* gate, const float* up, float* out, int64_t n, DType store);
 void silu(const float* x, float* out, int64_t n, DType store);
+// silu_mul(round_bf16(gate), round_bf16(up), out, n, BF16) with out written as bf16 bits: gate and
+// up may be unrounded fp32 (linear_bf16_in's round_y = false), rounded here as they are read.
+void silu_mul_bf16(const float* gate, const float* up, uint16_t* out, int64_t n);
+
 // out = a + b (residual), rounded to store.
 void add(const float* a, const float* b, float* out, int64_t n, DType store);
 // In-place tanh.

@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <initializer_list>
 #include <numbers>
 
 #include "core/log.h"
@@ -15,7 +17,8 @@ namespace mm3 {
 struct DiT::Weights {
   struct Block {
     std::vector<float> ln1_w, ln1_b, ln2_w, ln2_b;  // [D]
-    kern::LinearWeight q, k, v, o;                  // [D, D], no bias
+    kern::LinearWeight q, k, v, o;                  // [D, D], no bias (bf16 profile: q, k, v empty)
+    kern::LinearWeight qkv;                         // bf16 profile: [q; k; v] [3D, D] as one GEMM
     kern::LinearWeight ff_in;                       // [2F, D] + [2F]; rows [0, F) value a, [F, 2F) gate g
     kern::LinearWeight ff_out;                      // [D, F] + [D]
   };
@@ -40,7 +43,27 @@ kern::LinearWeight to_bf16(const kern::LinearWeight& w) {
   return kern::LinearWeight(w.weight().to(DType::BF16), w.has_bias() ? w.bias().to(DType::BF16) : Tensor());
 }
 
-void grow(std::vector<float>& v, int64_t n) {
+// [a; b; c] along the output rows, bf16 (no biases: the DiT's q, k, v have none).
+kern::LinearWeight concat_rows_bf16(std::initializer_list<const kern::LinearWeight*> parts) {
+  int64_t N = 0;
+  const int64_t K = (*parts.begin())->in_features();
+  for (const kern::LinearWeight* w : parts) {
+    MM3_CHECK(w->in_features() == K && !w->has_bias(), "transformer: cannot stack weights [{}, {}]", w->out_features(),
+              w->in_features());
+    N += w->out_features();
+  }
+  Tensor cat = Tensor::empty(DType::BF16, {N, K});
+  auto* dst = static_cast<uint16_t*>(cat.raw());
+  for (const kern::LinearWeight* w : parts) {
+    const Tensor part = w->weight().to(DType::BF16).contiguous();
+    std::memcpy(dst, part.raw(), part.nbytes());
+    dst += w->out_features() * K;
+  }
+  return kern::LinearWeight(cat);
+}
+
+template <class V>
+void grow(V& v, int64_t n) {
   if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
 }
 
@@ -142,9 +165,10 @@ const DiT::Weights& DiT::weights(DType compute, const ThreadPool& pool) const {
       bl.ln1_b = rounded(sb.ln1_b);
       bl.ln2_w = rounded(sb.ln2_w);
       bl.ln2_b = rounded(sb.ln2_b);
-      bl.q = kern::gemm_only_bf16(sb.q);
-      bl.k = kern::gemm_only_bf16(sb.k);
-      bl.v = kern::gemm_only_bf16(sb.v);
+      // One GEMM for q | k | v (N = 3D): it reads the normed rows once, and its output rows are already
+      // the [q | k | v] layout attention takes. Same bits as three calls (oneDNN's K order per output
+      // does not depend on N; checked at the real shapes, M = 690 and 1380).
+      bl.qkv = kern::gemm_only_bf16(concat_rows_bf16({&sb.q, &sb.k, &sb.v}));
       bl.o = kern::gemm_only_bf16(sb.o);
       bl.ff_in = kern::gemm_only_bf16(sb.ff_in);
       bl.ff_out = kern::gemm_only_bf16(sb.ff_out);
@@ -172,12 +196,20 @@ void DiT::forward(const ThreadPool& pool, const std::vector<DitItem>& items, int
   grow(ws.z, B * L * Cc);
   grow(ws.zp, B * L * Cc);
   grow(ws.h, B * S * D);
-  grow(ws.n, B * S * D);
+  // bf16 compute (below): the normed rows and the GLU live as bf16 bits (n16, act16) instead of n, act.
+  const bool b16 = st == DType::BF16;
+  if (b16)
+    grow(ws.n16, B * S * D);
+  else
+    grow(ws.n, B * S * D);
   grow(ws.qkv, B * S * 3 * D);
   grow(ws.att, B * S * D);
   grow(ws.tmp, B * S * D);
   grow(ws.ff, B * S * 2 * F);
-  grow(ws.act, B * S * F);
+  if (b16)
+    grow(ws.act16, B * S * F);
+  else
+    grow(ws.act, B * S * F);
   grow(ws.tf, B * Fd);
   grow(ws.t1, B * D);
   grow(ws.po, L * C);
@@ -236,12 +268,27 @@ void DiT::forward(const ThreadPool& pool, const std::vector<DitItem>& items, int
   const int64_t R = B * S;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   float* qkv = ws.qkv.data();
+  // bf16 compute: the GEMMs' inputs that a pass of ours produces (the LayerNorms, the GLU) are written
+  // as bf16 bits for oneDNN to read directly, and ff_in's output is rounded by the GLU as it reads it:
+  // three memory passes fewer per block (f32 -> bf16 copies, a rounding pass over [R, 2F]), same bits.
+  auto norm = [&](const std::vector<float>& w, const std::vector<float>& b) {
+    pool.parallel_for(R, [&](int64_t r0, int64_t r1) {
+      if (b16)
+        kern::layer_norm_bf16(h + r0 * D, r1 - r0, D, D, w.data(), b.data(), 1e-5f, ws.n16.data() + r0 * D, D);
+      else
+        kern::layer_norm(h + r0 * D, r1 - r0, D, D, w.data(), b.data(), 1e-5f, ws.n.data() + r0 * D, D, st);
+    });
+  };
   for (const Weights::Block& bl : W.blocks) {
     // y = x + Wo·MHA(LN1(x))
-    kern::layer_norm(h, R, D, D, bl.ln1_w.data(), bl.ln1_b.data(), 1e-5f, ws.n.data(), D, st);
-    kern::linear(pool, ws.n.data(), R, D, bl.q, qkv, 3 * D, st);
-    kern::linear(pool, ws.n.data(), R, D, bl.k, qkv + D, 3 * D, st);
-    kern::linear(pool, ws.n.data(), R, D, bl.v, qkv + 2 * D, 3 * D, st);
+    norm(bl.ln1_w, bl.ln1_b);
+    if (b16) {
+      kern::linear_bf16_in(pool, ws.n16.data(), R, D, bl.qkv, qkv, 3 * D);
+    } else {
+      kern::linear(pool, ws.n.data(), R, D, bl.q, qkv, 3 * D, st);
+      kern::linear(pool, ws.n.data(), R, D, bl.k, qkv + D, 3 * D, st);
+      kern::linear(pool, ws.n.data(), R, D, bl.v, qkv + 2 * D, 3 * D, st);
+    }
     for (int64_t b = 0; b < B; ++b) {
       float* qb = qkv + b * S * 3 * D;
       kern::rope_apply(qb, S, H, hd, 3 * D, ws.cos.data(), ws.sin.data(), rot, st);
@@ -252,15 +299,26 @@ void DiT::forward(const ThreadPool& pool, const std::vector<DitItem>& items, int
     kern::linear(pool, ws.att.data(), R, D, bl.o, ws.tmp.data(), D, st);
     kern::add(h, ws.tmp.data(), h, R * D, st);
     // x' = y + ff_out(a ⊙ SiLU(g)), [a | g] = ff_in(LN2(y))
-    kern::layer_norm(h, R, D, D, bl.ln2_w.data(), bl.ln2_b.data(), 1e-5f, ws.n.data(), D, st);
-    kern::linear(pool, ws.n.data(), R, D, bl.ff_in, ws.ff.data(), 2 * F, st);
-    pool.parallel_for(R, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const float* row = ws.ff.data() + r * 2 * F;
-        kern::silu_mul(/*gate=*/row + F, /*up=*/row, ws.act.data() + r * F, F, st);
-      }
-    });
-    kern::linear(pool, ws.act.data(), R, F, bl.ff_out, ws.tmp.data(), D, st);
+    norm(bl.ln2_w, bl.ln2_b);
+    if (b16) {
+      kern::linear_bf16_in(pool, ws.n16.data(), R, D, bl.ff_in, ws.ff.data(), 2 * F, /*round_y=*/false);
+      pool.parallel_for(R, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const float* row = ws.ff.data() + r * 2 * F;
+          kern::silu_mul_bf16(/*gate=*/row + F, /*up=*/row, ws.act16.data() + r * F, F);
+        }
+      });
+      kern::linear_bf16_in(pool, ws.act16.data(), R, F, bl.ff_out, ws.tmp.data(), D);
+    } else {
+      kern::linear(pool, ws.n.data(), R, D, bl.ff_in, ws.ff.data(), 2 * F, st);
+      pool.parallel_for(R, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const float* row = ws.ff.data() + r * 2 * F;
+          kern::silu_mul(/*gate=*/row + F, /*up=*/row, ws.act.data() + r * F, F, st);
+        }
+      });
+      kern::linear(pool, ws.act.data(), R, F, bl.ff_out, ws.tmp.data(), D, st);
+    }
     kern::add(h, ws.tmp.data(), h, R * D, st);
   }
 

@@ -6,7 +6,8 @@
 //   including the time token; gated FF with the value half first: [a | g] = ff_in(x), a ⊙ SiLU(g));
 //   no final norm; proj_out on tokens 1..S−1; v = Conv1x1(v) + v.
 //
-// Kernels: linear, add, layer_norm, rope_tables, rope_apply, attention, silu, silu_mul, transpose_2d.
+// Kernels: linear, linear_bf16_in, add, layer_norm(_bf16), rope_tables, rope_apply, attention, silu, silu_mul(_bf16),
+// transpose_2d.
 //
 // Immutable after construction (weights are zero-copy views of the checkpoint); the bf16 weight copies
 // for the bf16 compute option are built once on first use (thread-safe). Per-call state lives in a
@@ -18,6 +19,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core/aligned.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
 #include "io/safetensors.h"
@@ -33,6 +35,7 @@ struct DitWorkspace {
   std::vector<float> qkv;            // [B·S, 3D] q | k | v
   std::vector<float> att, tmp;       // [B·S, D]
   std::vector<float> ff, act;        // [B·S, 2F], [B·S, F]
+  aligned_vector<uint16_t> n16, act16;  // bf16 compute: the normed rows and the GLU as bf16 bits
   std::vector<float> tf, t1;         // [B, fourier], [B, D] time-embedding intermediates
   std::vector<float> po, pv;         // [L, C] proj_out, post conv (one batch item at a time)
   std::vector<float> cos, sin;       // [S, rot]

@@ -51,6 +51,30 @@ TEST(KernelsElementwise, SiluMulMatchesRef) {
   }
 }
 
+// silu_mul_bf16 (the DiT's GLU in bf16: ff_in's unrounded fp32 output in, bf16 bits out) is
+// silu_mul(round_bf16(gate), round_bf16(up), BF16) bit for bit, on unrounded inputs, odd lengths (the
+// vector tail) and a NaN lane; nothing written past n.
+TEST(KernelsElementwise, SiluMulBf16IsSiluMulOnRoundedInputs) {
+  Rng rng(33);
+  for (int64_t n : {int64_t(1), int64_t(15), int64_t(16), int64_t(17), kN}) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n);
+    std::vector<float> g = rng.vec(static_cast<size_t>(n), -8, 8, false),
+                       u = rng.vec(static_cast<size_t>(n), -3, 3, false);
+    if (n > 3) g[2] = std::nanf("");
+    std::vector<float> gr(g), ur(u), want(static_cast<size_t>(n));
+    round_to_store(gr.data(), gr.size(), DType::BF16);
+    round_to_store(ur.data(), ur.size(), DType::BF16);
+    kern::silu_mul(gr.data(), ur.data(), want.data(), n, DType::BF16);
+    std::vector<uint16_t> got(static_cast<size_t>(n + 9), 0xBEEF);
+    kern::silu_mul_bf16(g.data(), u.data(), got.data(), n);
+    int64_t diffs = 0;
+    for (int64_t i = 0; i < n; ++i)
+      diffs += got[static_cast<size_t>(i)] != f32_to_bf16_bits(want[static_cast<size_t>(i)]);
+    EXPECT_EQ(diffs, 0);
+    for (int64_t i = n; i < n + 9; ++i) EXPECT_EQ(got[static_cast<size_t>(i)], 0xBEEF) << "wrote past n at " << i;
+  }
+}
+
 TEST(KernelsElementwise, SiluMatchesRef) {
   Rng rng(32);
   for (DType store : {DType::F32, DType::BF16}) {

@@ -98,6 +98,56 @@ TEST(KernelsLinearDnnl, ThreadCountIndependentAndDeterministic) {
   }
 }
 
+std::vector<uint16_t> to_bits(const std::vector<float>& x) {
+  std::vector<uint16_t> b(x.size());
+  for (size_t i = 0; i < x.size(); ++i) b[i] = f32_to_bf16_bits(x[i]);
+  return b;
+}
+
+// linear_bf16_in (x as bf16 bits, the DiT's bf16 activations) writes linear()'s bits, on oneDNN's
+// blocked form and on every other weight form (which widen x and call linear); strided x and y.
+// With round_y = false a blocked weight may leave y unrounded: rounding it then gives linear()'s bits.
+TEST(KernelsLinearDnnl, Bf16InputWritesLinearsBits) {
+  const Case cases[] = {{1, 37, 29}, {5, 37, 29}, {37, 129, 65}, {130, 64, 96}, {690, 256, 768}, {9, 33, 1}};
+  ThreadPool pool(2);
+  uint64_t seed = 300;
+  bool saw_packed = false;
+  for (const Case& c : cases)
+    for (bool with_bias : {false, true}) {
+      Rng rng(seed++);
+      const kern::LinearWeight plain = plain_bf16(rng, c.N, c.K, with_bias);
+      const kern::LinearWeight plain_f32(plain.weight().to(DType::F32),
+                                         with_bias ? plain.bias().to(DType::F32) : Tensor());
+      const kern::LinearWeight packed = kern::gemm_only_bf16(plain);
+      saw_packed = saw_packed || packed.gemm_packed();
+      const int64_t ldx = c.K + 5, ldy = c.N + 3;
+      const std::vector<float> x = rng.vec(static_cast<size_t>(c.M * ldx), -2.f, 2.f, true);
+      const std::vector<uint16_t> xb = to_bits(x);
+      for (const kern::LinearWeight* w : {&packed, &plain, &plain_f32})
+        for (bool round_y : {true, false}) {
+          SCOPED_TRACE(::testing::Message()
+                       << "M=" << c.M << " K=" << c.K << " N=" << c.N << " bias=" << with_bias
+                       << " packed=" << w->gemm_packed() << " weight="
+                       << (w->gemm_packed() ? "blocked" : dtype_name(w->weight().dtype())) << " round_y=" << round_y);
+          Guarded want(c.M, c.N, ldy), got(c.M, c.N, ldy);
+          kern::linear(pool, x.data(), c.M, ldx, *w, want.data(), ldy, DType::BF16);
+          kern::linear_bf16_in(pool, xb.data(), c.M, ldx, *w, got.data(), ldy, round_y);
+          EXPECT_EQ(got.touched_outside(), 0);
+          EXPECT_EQ(got.untouched_inside(), 0);
+          if (!round_y)
+            for (int64_t m = 0; m < c.M; ++m)
+              round_to_store(got.data() + m * ldy, static_cast<size_t>(c.N), DType::BF16);
+          int64_t diffs = 0;
+          for (int64_t m = 0; m < c.M; ++m)
+            for (int64_t n = 0; n < c.N; ++n) diffs += f32_bits(got.at(m, n)) != f32_bits(want.at(m, n));
+          EXPECT_EQ(diffs, 0);
+        }
+    }
+  if (!saw_packed)
+    GTEST_SKIP() << "oneDNN offers no blocked bf16 matmul on this CPU (needs AVX512-BF16 or AMX): only the "
+                    "plain-weight forms of linear_bf16_in were checked";
+}
+
 TEST(KernelsLinearDnnl, RefusesF32Store) {
   Rng rng(7);
   const kern::LinearWeight w = kern::gemm_only_bf16(plain_bf16(rng, 8, 16, false));

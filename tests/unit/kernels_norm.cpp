@@ -125,5 +125,39 @@ TEST(KernelsLayerNorm, MatchesRef) {
       }
 }
 
+// layer_norm_bf16 writes layer_norm(..., BF16)'s values as bf16 bits, bit for bit (odd dims, strided
+// rows, the offset means above; every affine form). Row-wise, so any row split gives the same bits.
+TEST(KernelsLayerNorm, Bf16BitsAreLayerNormsValues) {
+  Rng rng(13);
+  for (const auto& c : kNorm)
+    for (int affine = 0; affine < 3; ++affine) {
+      SCOPED_TRACE(::testing::Message() << "rows=" << c.rows << " dim=" << c.dim << " affine=" << affine);
+      const int64_t ldx = c.dim + 1, ldy = c.dim + 4;
+      std::vector<float> x = rng.vec(static_cast<size_t>(c.rows * ldx), c.lo, c.hi, true);
+      for (auto& v : x) v = round_bf16(v + 4 * c.hi);
+      const std::vector<float> w = rng.vec(static_cast<size_t>(c.dim), -2, 2, true);
+      const std::vector<float> b = rng.vec(static_cast<size_t>(c.dim), -1, 1, true);
+      const float* wp = affine < 2 ? w.data() : nullptr;
+      const float* bp = affine < 1 ? b.data() : nullptr;
+      std::vector<float> want(static_cast<size_t>(c.rows * ldy));
+      kern::layer_norm(x.data(), c.rows, c.dim, ldx, wp, bp, 1e-5f, want.data(), ldy, DType::BF16);
+      const uint16_t guard = 0xBEEF;  // not a value layer_norm writes here (a negative ~-0.47 in bf16)
+      std::vector<uint16_t> got(static_cast<size_t>(c.rows * ldy), guard);
+      kern::layer_norm_bf16(x.data(), c.rows, c.dim, ldx, wp, bp, 1e-5f, got.data(), ldy);
+      int64_t diffs = 0, guards_touched = 0;
+      for (int64_t r = 0; r < c.rows; ++r)
+        for (int64_t i = 0; i < ldy; ++i) {
+          const uint16_t g = got[static_cast<size_t>(r * ldy + i)];
+          if (i >= c.dim)
+            guards_touched += g != guard;
+          else
+            diffs += g != f32_to_bf16_bits(want[static_cast<size_t>(r * ldy + i)]) ||
+                     bf16_bits_to_f32(g) != want[static_cast<size_t>(r * ldy + i)];
+        }
+      EXPECT_EQ(diffs, 0);
+      EXPECT_EQ(guards_touched, 0);
+    }
+}
+
 }  // namespace
 }  // namespace mm3

@@ -1,4 +1,4 @@
-// elementwise.cpp — kern::silu_mul, silu, add, tanh_inplace, snake (kernels.h), the CPU backend.
+// elementwise.cpp — kern::silu_mul, silu_mul_bf16, silu, add, tanh_inplace, snake (kernels.h), the CPU backend.
 //
 // Each follows the torch expression the models use, op by op, rounding to the store dtype wherever a
 // bf16 torch op would write a bf16 tensor:
@@ -45,6 +45,21 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t n, DType s
   } else {
     for (; i < n; ++i) out[i] = silu1(gate[i]) * up[i];
   }
+}
+
+void silu_mul_bf16(const float* gate, const float* up, uint16_t* out, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  for (; i < n; i += 16) {
+    const __mmask16 m = detail::tail_mask(n - i);
+    const __m512 g = detail::round_bf16_v(_mm512_maskz_loadu_ps(m, gate + i));
+    const __m512 u = detail::round_bf16_v(_mm512_maskz_loadu_ps(m, up + i));
+    const __m512 r = detail::round_bf16_v(_mm512_mul_ps(detail::round_bf16_v(silu_v(g)), u));
+    // r is a bf16 value: its bits are the float's upper half.
+    _mm256_mask_storeu_epi16(out + i, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(r), 16)));
+  }
+#endif
+  for (; i < n; ++i) out[i] = f32_to_bf16_bits(round_bf16(silu1(round_bf16(gate[i]))) * round_bf16(up[i]));
 }
 
 void silu(const float* x, float* out, int64_t n, DType store) {

@@ -51,8 +51,8 @@ struct DnnlForm {
 };
 
 dnnl::matmul::primitive_desc make_pd(int64_t M, int64_t N, int64_t K, bool bias, const dnnl::memory::desc& w_md,
-                                     int64_t ldy) {
-  const dnnl::memory::desc src({M, K}, dt::bf16, tag::ab);
+                                     int64_t ldy, int64_t ldx) {
+  const dnnl::memory::desc src({M, K}, dt::bf16, dnnl::memory::dims{ldx, 1});
   const dnnl::memory::desc dst({M, N}, dt::f32, dnnl::memory::dims{ldy, 1});
   if (bias) {
     const dnnl::memory::desc b({1, N}, dt::f32, tag::ab);
@@ -83,7 +83,7 @@ LinearWeight gemm_only_bf16(const LinearWeight& w) {
   if (!detail::cpu_has_avx512bf16() || onednn_disabled()) return LinearWeight(plain, bias);
   try {
     const dnnl::memory::desc any({K, N}, dt::bf16, tag::any);
-    const auto pd = make_pd(kPackM, N, K, w.has_bias(), any, N);
+    const auto pd = make_pd(kPackM, N, K, w.has_bias(), any, N, K);
     const std::string impl = pd.impl_info_str();
     if (impl.rfind("brg", 0) != 0) return LinearWeight(plain, bias);
     auto f = std::make_shared<DnnlForm>();
@@ -107,19 +107,10 @@ LinearWeight gemm_only_bf16(const LinearWeight& w) {
 
 namespace detail {
 
-void dnnl_linear_bf16(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const void* form,
-                      const float* bias, float* y, int64_t ldy) {
+void dnnl_linear_bf16_in(const ThreadPool& pool, const uint16_t* xb, int64_t M, int64_t ldx, const void* form,
+                         const float* bias, float* y, int64_t ldy, bool round_y) {
   const DnnlForm& f = *static_cast<const DnnlForm*>(form);
   const int64_t N = f.N, K = f.K;
-  // x is bf16-valued by the bf16 convention, so the bf16 copy is exact.
-  // The caller's buffer, reused across calls (a fresh one per call would fault its pages in again);
-  // the workers get its address, not their own thread_local.
-  thread_local aligned_vector<uint16_t> xbuf;
-  if (xbuf.size() < static_cast<size_t>(M * K)) xbuf.resize(static_cast<size_t>(M * K));
-  uint16_t* const xb = xbuf.data();
-  pool.parallel_for(M, [&](int64_t b, int64_t e) {
-    for (int64_t m = b; m < e; ++m) f32_to_bf16(x + m * ldx, xb + m * K, static_cast<size_t>(K));
-  });
   omp_threads(pool);
   // A strided destination (the DiT's q/k/v into [tokens, 3·D]): oneDNN 2.6's brgemm takes only a dense
   // one and otherwise falls back to gemm:jit with the packed weights reordered to plain on every call
@@ -130,7 +121,7 @@ void dnnl_linear_bf16(const ThreadPool& pool, const float* x, int64_t M, int64_t
   if (!dense && ybuf.size() < static_cast<size_t>(M * N)) ybuf.resize(static_cast<size_t>(M * N));
   float* const yd = dense ? y : ybuf.data();
   try {
-    const auto pd = make_pd(M, N, K, f.bias, dnnl::memory::desc({K, N}, dt::bf16, tag::any), N);
+    const auto pd = make_pd(M, N, K, f.bias, dnnl::memory::desc({K, N}, dt::bf16, tag::any), N, ldx);
     const dnnl::engine& eng = cpu_engine();
     dnnl::stream s(eng);
     dnnl::memory wmem = f.mem;
@@ -138,7 +129,7 @@ void dnnl_linear_bf16(const ThreadPool& pool, const float* x, int64_t M, int64_t
       wmem = dnnl::memory(pd.weights_desc(), eng);
       dnnl::reorder(f.mem, wmem).execute(s, const_cast<dnnl::memory&>(f.mem), wmem);
     }
-    dnnl::memory src(pd.src_desc(), eng, xb), dst(pd.dst_desc(), eng, yd);
+    dnnl::memory src(pd.src_desc(), eng, const_cast<uint16_t*>(xb)), dst(pd.dst_desc(), eng, yd);
     std::unordered_map<int, dnnl::memory> args = {
         {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wmem}, {DNNL_ARG_DST, dst}};
     if (f.bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(pd.bias_desc(), eng, const_cast<float*>(bias)));
@@ -147,12 +138,28 @@ void dnnl_linear_bf16(const ThreadPool& pool, const float* x, int64_t M, int64_t
   } catch (const dnnl::error& e) {
     throw InternalError(fmt::format("linear: oneDNN bf16 matmul [{}, {}] x [{}, {}] failed: {}", M, K, N, K, e.what()));
   }
+  if (dense && !round_y) return;
   pool.parallel_for(M, [&](int64_t b, int64_t e) {
     for (int64_t m = b; m < e; ++m) {
       if (!dense) std::memcpy(y + m * ldy, yd + m * N, static_cast<size_t>(N) * sizeof(float));
-      round_to_store(y + m * ldy, static_cast<size_t>(N), DType::BF16);
+      if (round_y) round_to_store(y + m * ldy, static_cast<size_t>(N), DType::BF16);
     }
   });
+}
+
+void dnnl_linear_bf16(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const void* form,
+                      const float* bias, float* y, int64_t ldy) {
+  const int64_t K = static_cast<const DnnlForm*>(form)->K;
+  // x is bf16-valued by the bf16 convention, so the bf16 copy is exact.
+  // The caller's buffer, reused across calls (a fresh one per call would fault its pages in again);
+  // the workers get its address, not their own thread_local.
+  thread_local aligned_vector<uint16_t> xbuf;
+  if (xbuf.size() < static_cast<size_t>(M * K)) xbuf.resize(static_cast<size_t>(M * K));
+  uint16_t* const xb = xbuf.data();
+  pool.parallel_for(M, [&](int64_t b, int64_t e) {
+    for (int64_t m = b; m < e; ++m) f32_to_bf16(x + m * ldx, xb + m * K, static_cast<size_t>(K));
+  });
+  dnnl_linear_bf16_in(pool, xb, M, K, form, bias, y, ldy, /*round_y=*/true);
 }
 
 bool dnnl_bf16_available() { return cpu_has_avx512bf16() && !onednn_disabled(); }

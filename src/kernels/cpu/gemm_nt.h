@@ -43,6 +43,10 @@ void pack_f32_panels(const ThreadPool& pool, const float* B, int64_t ldb, int64_
 // blocked form (gemm_dnnl.cpp); x bf16-valued, bias the weight's fp32 bias or null.
 void dnnl_linear_bf16(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const void* form,
                       const float* bias, float* y, int64_t ldy);
+// The same with x given as bf16 bits (rows of stride ldx); round_y false leaves y as oneDNN's fp32
+// sums (kernels.h linear_bf16_in).
+void dnnl_linear_bf16_in(const ThreadPool& pool, const uint16_t* xb, int64_t M, int64_t ldx, const void* form,
+                         const float* bias, float* y, int64_t ldy, bool round_y);
 
 // C [M, N] = A [M, K] · B [K, N], all dense row-major, bf16 x bf16 -> fp32 (no rounding), by oneDNN's
 // matmul. Returns false, computing nothing, when oneDNN is disabled (MM3_ONEDNN=0), the CPU lacks

@@ -437,6 +437,27 @@ void linear(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, cons
   }
 }
 
+void linear_bf16_in(const ThreadPool& pool, const uint16_t* x, int64_t M, int64_t ldx, const LinearWeight& w, float* y,
+                    int64_t ldy, bool round_y) {
+  const int64_t N = w.out_features(), K = w.in_features();
+  MM3_CHECK(N > 0 && K > 0, "linear_bf16_in: empty weight [{}, {}]", N, K);
+  MM3_CHECK(M >= 0 && ldx >= K && ldy >= N, "linear_bf16_in: M={} ldx={} ldy={} for weight [{}, {}]", M, ldx, ldy, N,
+            K);
+  if (M == 0) return;
+  if (w.gemm_packed()) {
+    detail::dnnl_linear_bf16_in(pool, x, M, ldx, w.gemm_form(), w.bias_f32(), y, ldy, round_y);
+    return;
+  }
+  // Every other form reads float rows: widen (exact), then linear() as usual.
+  thread_local aligned_vector<float> xf;
+  if (xf.size() < static_cast<size_t>(M * K)) xf.resize(static_cast<size_t>(M * K));
+  float* const xp = xf.data();
+  pool.parallel_for(M, [&](int64_t b, int64_t e) {
+    for (int64_t m = b; m < e; ++m) bf16_to_f32(x + m * ldx, xp + m * K, static_cast<size_t>(K));
+  });
+  linear(pool, xp, M, K, w, y, ldy, DType::BF16);
+}
+
 void linear_multi(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, std::span<const LinearOut> outs,
                   DType store) {
   if (outs.empty() || M == 0) return;

@@ -1,4 +1,4 @@
-// norm.cpp — kern::embedding, kern::rms_norm, kern::layer_norm (kernels.h), the CPU backend.
+// norm.cpp — kern::embedding, kern::rms_norm, kern::layer_norm(_bf16) (kernels.h), the CPU backend.
 //
 // rms_norm follows transformers' Qwen3RMSNorm / diffusers' RMSNorm (MODEL.md §1.2, §1.3):
 //   var = mean(x^2) (fp32), xn = x * rsqrt(var + eps) (fp32; rsqrt as torch's 1 / sqrt),
@@ -106,22 +106,40 @@ void rms_norm(const float* x, int64_t rows, int64_t dim, int64_t ldx, const floa
   }
 }
 
+namespace {
+
+// One row of layer_norm: out(i, v) receives element i's fp32 value before rounding.
+template <class Out>
+void layer_norm_row(const float* xr, int64_t dim, const float* weight, const float* bias, float eps, Out out) {
+  const double mean_d = sum_f64(xr, dim) / static_cast<double>(dim);
+  const float mean = static_cast<float>(mean_d);
+  const float var = static_cast<float>(sumsq_f64(xr, dim, mean_d) / static_cast<double>(dim));
+  const float rstd = 1.0f / std::sqrt(var + eps);
+  for (int64_t i = 0; i < dim; ++i) {
+    float v = (xr[i] - mean) * rstd;
+    if (weight) v = v * weight[i];
+    if (bias) v = v + bias[i];
+    out(i, v);
+  }
+}
+
+}  // namespace
+
 void layer_norm(const float* x, int64_t rows, int64_t dim, int64_t ldx, const float* weight, const float* bias,
                 float eps, float* y, int64_t ldy, DType store) {
   MM3_CHECK(dim > 0 && ldx >= dim && ldy >= dim, "layer_norm: dim={} ldx={} ldy={}", dim, ldx, ldy);
   for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * ldx;
     float* yr = y + r * ldy;
-    const double mean_d = sum_f64(xr, dim) / static_cast<double>(dim);
-    const float mean = static_cast<float>(mean_d);
-    const float var = static_cast<float>(sumsq_f64(xr, dim, mean_d) / static_cast<double>(dim));
-    const float rstd = 1.0f / std::sqrt(var + eps);
-    for (int64_t i = 0; i < dim; ++i) {
-      float v = (xr[i] - mean) * rstd;
-      if (weight) v = v * weight[i];
-      if (bias) v = v + bias[i];
-      yr[i] = round_store(v, store);
-    }
+    layer_norm_row(x + r * ldx, dim, weight, bias, eps, [&](int64_t i, float v) { yr[i] = round_store(v, store); });
+  }
+}
+
+void layer_norm_bf16(const float* x, int64_t rows, int64_t dim, int64_t ldx, const float* weight, const float* bias,
+                     float eps, uint16_t* y, int64_t ldy) {
+  MM3_CHECK(dim > 0 && ldx >= dim && ldy >= dim, "layer_norm_bf16: dim={} ldx={} ldy={}", dim, ldx, ldy);
+  for (int64_t r = 0; r < rows; ++r) {
+    uint16_t* yr = y + r * ldy;
+    layer_norm_row(x + r * ldx, dim, weight, bias, eps, [&](int64_t i, float v) { yr[i] = f32_to_bf16_bits(v); });
   }
 }
 
