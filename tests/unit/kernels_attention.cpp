@@ -53,6 +53,7 @@ const AttnCase kAttn[] = {
     // ... with Hq == Hkv (as the DiT), keys in two and three softmax blocks
     {100, 700, 3, 3, 40, false, 0},  // odd D, keys in two softmax blocks
     {65, 1030, 2, 2, 64, false, 0},  // three softmax blocks, the last 6 keys wide
+    {66, 601, 2, 2, 33, false, 0},   // odd keys and odd D: the bf16 tiles' padded last pairs
 };
 
 // K / V of one logical [Skv, Hkv, D] tensor in the layout kern::attention is asked to read: token-major

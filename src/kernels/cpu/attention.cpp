@@ -124,11 +124,16 @@ struct AttnItem {
 // block's 16-wide part, std::exp over its remainder), the block sum from 16 lane sums plus the
 // remainder in order, the running sum rescaled by alpha_b = exp(m_{b-1} - m_b); e stored rounded to
 // `store` for the P.V pass. alpha [rows][nblk], inv [rows] = 1 / the final sum.
-void softmax_numerators(float* S, int64_t lds, int rows, const int64_t* nk, int64_t nblk, int64_t kv_span,
-                        DType store, float* alpha, float* inv) {
+// The scores are S · scale (the products rounded to fp32 as read, so a caller need not scale S in a pass
+// of its own; 1 for scores already scaled). With p16 (store BF16 only) the numerators go to p16 + r·ldp
+// as bf16 bits, the input of the bf16 P·V tiles, and S is left as it was.
+void softmax_numerators(float* S, int64_t lds, int rows, const int64_t* nk, int64_t nblk, int64_t kv_span, DType store,
+                        float scale, float* alpha, float* inv, uint16_t* p16 = nullptr, int64_t ldp = 0) {
   const bool bf = store == DType::BF16;
+  const __m512 vsc = _mm512_set1_ps(scale);
   for (int r = 0; r < rows; ++r) {
     float* s = S + size_t(r) * lds;
+    uint16_t* p = p16 ? p16 + size_t(r) * ldp : nullptr;
     const int64_t n = nk[r];
     float m_run = -std::numeric_limits<float>::infinity(), sum_run = 0.f;
     for (int64_t j0 = 0, b = 0; j0 < n; j0 += kRefKv, ++b) {
@@ -137,23 +142,31 @@ void softmax_numerators(float* S, int64_t lds, int rows, const int64_t* nk, int6
       const int64_t vend = std::min(j1, j0 + bw / 16 * 16);
       const int64_t vend2 = bf ? j0 + bw / 32 * 32 : j0;
       __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-      for (int64_t j = j0; j < j1; j += 16) mx = _mm512_mask_max_ps(mx, lane_mask(j1 - j), mx, _mm512_loadu_ps(s + j));
+      for (int64_t j = j0; j < j1; j += 16)
+        mx = _mm512_mask_max_ps(mx, lane_mask(j1 - j), mx, _mm512_mul_ps(_mm512_loadu_ps(s + j), vsc));
       const float m_new = std::max(m_run, _mm512_reduce_max_ps(mx));
       const __m512 m = _mm512_set1_ps(m_new);
       __m512 lanes[3] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
       for (int64_t j = j0; j < vend; j += 16) {
         const __mmask16 msk = lane_mask(vend - j);
-        const __m512 x = _mm512_sub_ps(_mm512_loadu_ps(s + j), m);
+        const __m512 x = _mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(s + j), vsc), m);
         const __m512 e = bf ? detail::fexp20_v(x) : detail::exp20_v(x);
         const int slot = j < vend2 ? static_cast<int>(((j - j0) / 16) & 1) : 2;
         lanes[slot] = _mm512_mask_add_ps(lanes[slot], msk, lanes[slot], e);
-        _mm512_mask_storeu_ps(s + j, msk, detail::round_store_v(e, store));
+        const __m512 er = detail::round_store_v(e, store);
+        if (p)  // a bf16 value: its bits are the float's upper half
+          _mm256_mask_storeu_epi16(p + j, msk, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(er), 16)));
+        else
+          _mm512_mask_storeu_ps(s + j, msk, er);
       }
       float bsum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(lanes[0], lanes[2]), lanes[1]));
       for (int64_t j = vend; j < j1; ++j) {
-        const float e = std::exp(s[j] - m_new);
+        const float e = std::exp(s[j] * scale - m_new);
         bsum += e;
-        s[j] = round_store(e, store);
+        if (p)
+          p[j] = f32_to_bf16_bits(e);
+        else
+          s[j] = round_store(e, store);
       }
       const float al = std::exp(m_run - m_new);
       sum_run = std::fma(al, sum_run, bsum);
@@ -342,7 +355,8 @@ void attention_item(const AttnItem& a, int64_t i0, int64_t nq, aligned_vector<fl
   for (int r = 0; r < rows; ++r) nkall = std::max(nkall, nk[r]);
   const int64_t nblk = (nkall + kRefKv - 1) / kRefKv;
   aligned_vector<float> inv(rows), alpha(static_cast<size_t>(rows) * nblk);
-  softmax_numerators(S.data(), a.ldkt, rows, nk.data(), nblk, a.kv_span, a.store, alpha.data(), inv.data());
+  softmax_numerators(S.data(), a.ldkt, rows, nk.data(), nblk, a.kv_span, a.store, /*scale: applied above*/ 1.0f,
+                     alpha.data(), inv.data());
   // ---- out_r = (sum_j e_rj v_j) * inv_r: 4 rows x 64 dims in registers, keys sequential; at each
   // 512-key boundary the row's partial sum is rescaled by alpha_b first ----
   for (int rb = 0; rb < rows; rb += kRB) {
@@ -406,22 +420,32 @@ namespace {
 // lanes emulated (also the portable attention's row loop below); with AVX2 the
 // exponentials of whole 16-key groups go 8 at a time (exp20_v8 / fexp20_v8 equal their scalar twins
 // lane for lane, and each lane still adds its keys in order), so the bits are the same either way.
-MM3_SIMD_AVX2 void exp_group16_avx2(float* s, float m_new, bool bf, DType store, float* lanes) {
-  const __m256 m = _mm256_set1_ps(m_new);
+// e of 16 scores s · scale (written to out, rounded to store; as bf16 bits to p16 when given).
+MM3_SIMD_AVX2 void exp_group16_avx2(const float* s, float scale, float m_new, bool bf, DType store, float* lanes,
+                                    float* out, uint16_t* p16) {
+  const __m256 m = _mm256_set1_ps(m_new), vsc = _mm256_set1_ps(scale);
   for (int h = 0; h < 2; ++h) {
-    const __m256 x = _mm256_sub_ps(_mm256_loadu_ps(s + 8 * h), m);
+    const __m256 x = _mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(s + 8 * h), vsc), m);
     const __m256 e = bf ? detail::fexp20_v8(x) : detail::exp20_v8(x);
     _mm256_storeu_ps(lanes + 8 * h, _mm256_add_ps(_mm256_loadu_ps(lanes + 8 * h), e));
-    _mm256_storeu_ps(s + 8 * h, store == DType::BF16 ? detail::round_bf16_v8(e) : e);
+    const __m256 er = store == DType::BF16 ? detail::round_bf16_v8(e) : e;
+    if (p16) {
+      alignas(32) float t[8];
+      _mm256_store_ps(t, er);
+      for (int i = 0; i < 8; ++i) p16[8 * h + i] = f32_to_bf16_bits(t[i]);
+    } else {
+      _mm256_storeu_ps(out + 8 * h, er);
+    }
   }
 }
 
 void softmax_numerators(float* S, int64_t lds, int rows, const int64_t* nk, int64_t nblk, int64_t kv_span, DType store,
-                        float* alpha, float* inv) {
+                        float scale, float* alpha, float* inv, uint16_t* p16 = nullptr, int64_t ldp = 0) {
   const bool bf = store == DType::BF16;
   const bool avx2 = detail::cpu_has_avx2_fma();
   for (int r = 0; r < rows; ++r) {
     float* s = S + size_t(r) * lds;
+    uint16_t* p = p16 ? p16 + size_t(r) * ldp : nullptr;
     const int64_t n = nk[r];
     float m_run = -std::numeric_limits<float>::infinity(), sum_run = 0.f;
     for (int64_t j0 = 0, b = 0; j0 < n; j0 += kRefKv, ++b) {
@@ -430,24 +454,31 @@ void softmax_numerators(float* S, int64_t lds, int rows, const int64_t* nk, int6
       const int64_t vend = std::min(j1, j0 + bw / 16 * 16);
       const int64_t vend2 = bf ? j0 + bw / 32 * 32 : j0;
       float m_new = m_run;
-      for (int64_t j = j0; j < j1; ++j) m_new = std::max(m_new, s[j]);
+      for (int64_t j = j0; j < j1; ++j) m_new = std::max(m_new, s[j] * scale);
       float lanes[3][16] = {};
+      auto put = [&](int64_t j, float e) {
+        if (p)
+          p[j] = f32_to_bf16_bits(e);
+        else
+          s[j] = round_store(e, store);
+      };
       int64_t j = j0;
       if (avx2)
         for (; j + 16 <= vend; j += 16)
-          exp_group16_avx2(s + j, m_new, bf, store, lanes[j < vend2 ? ((j - j0) / 16) & 1 : 2]);
+          exp_group16_avx2(s + j, scale, m_new, bf, store, lanes[j < vend2 ? ((j - j0) / 16) & 1 : 2], s + j,
+                           p ? p + j : nullptr);
       for (; j < vend; ++j) {
-        const float e = bf ? detail::fexp20(s[j] - m_new) : detail::exp20(s[j] - m_new);
+        const float e = bf ? detail::fexp20(s[j] * scale - m_new) : detail::exp20(s[j] * scale - m_new);
         const int slot = j < vend2 ? static_cast<int>(((j - j0) / 16) & 1) : 2;
         lanes[slot][(j - j0) % 16] += e;
-        s[j] = round_store(e, store);
+        put(j, e);
       }
       for (int l = 0; l < 16; ++l) lanes[0][l] = (lanes[0][l] + lanes[2][l]) + lanes[1][l];
       float bsum = tree_sum16(lanes[0]);
       for (int64_t j = vend; j < j1; ++j) {
-        const float e = std::exp(s[j] - m_new);
+        const float e = std::exp(s[j] * scale - m_new);
         bsum += e;
-        s[j] = round_store(e, store);
+        put(j, e);
       }
       const float al = std::exp(m_run - m_new);
       sum_run = std::fma(al, sum_run, bsum);
@@ -464,9 +495,10 @@ void softmax_numerators(float* S, int64_t lds, int rows, const int64_t* nk, int6
 namespace {
 
 // Bidirectional attention over many query rows with F32 K / V (the DiT: 690 x 690 per head) as
-// GEMMs: per task (query head h, block of kGemmQB rows) S = Q_h K_h^T (gemm_ex, fp32), S *= scale, the
-// reference's blocked softmax numerators (softmax_numerators, unchanged), then per 512-key block
-// O_b = E_b V_b (gemm_ex) combined as O = O·alpha_b + O_b, out = O·inv rounded once. The same
+// GEMMs: per task (query head h, block of kGemmQB rows) S = Q_h K_h^T (gemm_ex, fp32), the reference's
+// blocked softmax numerators of S·scale (softmax_numerators, scaling as it reads), then per 512-key
+// block O_b = E_b V_b (gemm_ex) combined as O = O·alpha_b + O_b, out = O·inv rounded once. K_h and
+// the V_b are packed once per call in the tiles' layout (pack_*_panels_serial), not per task. The same
 // operations as attention_item up to the summation order of the two products (blocked GEMM chains
 // instead of one FMA chain per output), so not the same bits; well inside the fp32 gates (rel RMS
 // 1e-5). Each task runs its GEMMs on one thread (nested parallel_for runs inline), so the result does
@@ -475,8 +507,11 @@ namespace {
 // With store BF16 on a CPU with AVX512-BF16 both products take bf16 pair dots (VDPBF16PS, gemm_ex's
 // bf16 form) instead: q, k and v rounded to bf16 (exact for a bf16 computation's bf16-valued tensors),
 // K copied once per call to bf16 rows and V to a bf16 [Hkv·D, Skv] transpose (the product's n-major B),
-// the probabilities already bf16 (softmax_numerators rounds them for this store). Products of bf16
-// values are exact in fp32, so only the summation order (in pairs) differs from the fp32 GEMMs.
+// both then packed, the probabilities written by softmax_numerators straight as bf16 bits (P16) and
+// multiplied by gemm_bf16_packed_serial. Products of bf16 values are exact in fp32, so only the
+// summation order (in pairs) differs from the fp32 GEMMs. attention_dit_L690_bf16 on 2 Zen 5 cores:
+// 13.1-13.9 ms with the per-task packing and f32 copies of P, 10.5-12.4 ms packed once (medians,
+// 5 alternations); attention_dit_L690 (fp32) 23.9-25.4 -> 21.6-24.5 ms. Same bits as before.
 constexpr int64_t kGemmQB = 128;
 constexpr int64_t kGemmMinRows = 64;  // below this the direct path is as fast (and takes tiny cases)
 
@@ -492,15 +527,27 @@ void attention_gemm(const ThreadPool& pool, const float* q, int64_t ldq, const f
   const int64_t hd = int64_t(Hkv) * D;
   int64_t ldvt = (Skv + 31) / 32 * 32;
   if (ldvt % 2048 == 0) ldvt += 32;  // no 4 KiB-aliased rows
-  // Scratch kept between calls (the caller's for K / V^T, each worker's for its blocks): fresh zeroed
-  // buffers per call and per chunk cost their memset and page faults, ~1/3 of the samples of
-  // attention_dit_L690_bf16. Every element a GEMM reads is written first (keys < Skv only).
-  thread_local aligned_vector<uint16_t> kb_buf, vt_buf;
-  if (bfdot && kb_buf.size() < static_cast<size_t>(Skv * hd)) kb_buf.resize(static_cast<size_t>(Skv * hd));
-  if (bfdot && vt_buf.size() < static_cast<size_t>(hd * ldvt)) vt_buf.resize(static_cast<size_t>(hd * ldvt));
-  uint16_t* const kb = kb_buf.data();
-  uint16_t* const vt = vt_buf.data();
+  const int64_t Dp = (D + 1) & ~int64_t(1);  // bf16 rows of Q padded to whole pairs
+  // Each KV head's K (B of S = Q K^T: [Skv, D]) and its V blocks (B of O_b = P_b V_b: [D, w] per 512-key
+  // block) packed once per call in the layout the GEMM tiles read, shared by the head's query blocks
+  // (packing them per (head, query block) was ~1/5 of this kernel). Offsets in elements of the form.
+  const int64_t kpack = bfdot ? detail::pack_bf16_panels_size(Skv, D) : detail::pack_f32_panels_size(Skv, D);
+  const int64_t vpack = bfdot ? detail::pack_bf16_panels_size(D, kRefKv) : detail::pack_f32_panels_size(D, kRefKv);
+  const int64_t per_head = kpack + nblk * vpack;
+  // Scratch kept between calls (the caller's for K / V^T and the packed forms, each worker's for its
+  // blocks): fresh zeroed buffers per call and per chunk cost their memset and page faults, ~1/3 of the
+  // samples of attention_dit_L690_bf16. Every element a GEMM reads is written first.
+  thread_local aligned_vector<uint16_t> kb_buf, vt_buf, pk16_buf;
+  thread_local aligned_vector<float> pk32_buf;
+  uint16_t* pk16 = nullptr;
+  float* pk32 = nullptr;
   if (bfdot) {
+    if (kb_buf.size() < static_cast<size_t>(Skv * hd)) kb_buf.resize(static_cast<size_t>(Skv * hd));
+    if (vt_buf.size() < static_cast<size_t>(hd * ldvt)) vt_buf.resize(static_cast<size_t>(hd * ldvt));
+    if (pk16_buf.size() < static_cast<size_t>(Hkv * per_head)) pk16_buf.resize(static_cast<size_t>(Hkv * per_head));
+    pk16 = pk16_buf.data();
+    uint16_t* const kb = kb_buf.data();
+    uint16_t* const vt = vt_buf.data();
     pool.parallel_for(
         Skv,
         [&](int64_t j0, int64_t j1) {
@@ -520,43 +567,79 @@ void attention_gemm(const ThreadPool& pool, const float* q, int64_t ldq, const f
           }
         },
         8);
+    pool.parallel_for(int64_t(Hkv) * (1 + nblk), [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t hk = t / (1 + nblk), b = t % (1 + nblk) - 1;
+        uint16_t* dst = pk16 + hk * per_head;
+        if (b < 0) {
+          detail::pack_bf16_panels_serial(kb + hk * D, hd, Skv, D, dst);
+        } else {
+          const int64_t j0 = b * kRefKv;
+          detail::pack_bf16_panels_serial(vt + hk * D * ldvt + j0, ldvt, D, std::min(kRefKv, Skv - j0),
+                                          dst + kpack + b * vpack);
+        }
+      }
+    });
+  } else {
+    if (pk32_buf.size() < static_cast<size_t>(Hkv * per_head)) pk32_buf.resize(static_cast<size_t>(Hkv * per_head));
+    pk32 = pk32_buf.data();
+    pool.parallel_for(int64_t(Hkv) * (1 + nblk), [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t hk = t / (1 + nblk), b = t % (1 + nblk) - 1;
+        float* dst = pk32 + hk * per_head;
+        if (b < 0) {
+          detail::pack_f32_panels_serial(k + hk * D, ldkv, /*b_kmajor=*/false, Skv, D, dst);
+        } else {
+          const int64_t j0 = b * kRefKv;  // B[d, j] = V[j0 + j, d]: V's rows are the K-major form
+          detail::pack_f32_panels_serial(v + j0 * ldkv + hk * D, ldkv, /*b_kmajor=*/true, D, std::min(kRefKv, Skv - j0),
+                                         dst + kpack + b * vpack);
+        }
+      }
+    });
   }
   pool.parallel_for(
       int64_t(Hq) * nqb,
       [&](int64_t t0, int64_t t1) {
         thread_local aligned_vector<float> S, O, T, alpha, inv;
-        auto at_least = [](aligned_vector<float>& b, int64_t n) {
+        thread_local aligned_vector<uint16_t> Q16, P16;
+        auto at_least = [](auto& b, int64_t n) {
           if (b.size() < static_cast<size_t>(n)) b.resize(static_cast<size_t>(n));
         };
         at_least(S, kGemmQB * lds), at_least(O, kGemmQB * D), at_least(T, kGemmQB * D);
         at_least(alpha, kGemmQB * nblk), at_least(inv, kGemmQB);
+        if (bfdot) at_least(Q16, kGemmQB * Dp), at_least(P16, kGemmQB * lds);
         const std::vector<int64_t> nk(kGemmQB, Skv);
         for (int64_t t = t0; t < t1; ++t) {
           const int h = static_cast<int>(t / nqb), hk = h / group;
           const int64_t i0 = (t % nqb) * kGemmQB, n = std::min(kGemmQB, Sq - i0);
           const float* qh = q + i0 * ldq + int64_t(h) * D;
-          const float* kh = k + int64_t(hk) * D;
-          const float* vh = v + int64_t(hk) * D;
-          if (bfdot)
-            detail::gemm_ex(pool, qh, ldq, 1, n, kb + int64_t(hk) * D, DType::BF16, hd, false, Skv, D, nullptr,
-                            S.data(), lds, DType::F32, true);
-          else
-            detail::gemm_ex(pool, qh, ldq, 1, n, kh, DType::F32, ldkv, false, Skv, D, nullptr, S.data(), lds,
-                            DType::F32, false);
-          for (int64_t r = 0; r < n; ++r) {
-            float* sr = S.data() + r * lds;
-            for (int64_t j = 0; j < Skv; ++j) sr[j] *= scale;
+          if (bfdot) {
+            const uint16_t* kp = pk16 + hk * per_head;
+            for (int64_t r = 0; r < n; ++r) {
+              f32_to_bf16(qh + r * ldq, Q16.data() + r * Dp, static_cast<size_t>(D));
+              if (Dp > D) Q16[size_t(r * Dp + D)] = 0;  // an odd D's pad: the last pair's second half
+            }
+            detail::gemm_bf16_packed_serial(Q16.data(), Dp, n, kp, Skv, D, S.data(), lds, DType::F32);
+            // The numerators as bf16 bits in P16 (rows padded like S; an odd Skv's pad key is zero).
+            softmax_numerators(S.data(), lds, static_cast<int>(n), nk.data(), nblk, span, store, scale, alpha.data(),
+                               inv.data(), P16.data(), lds);
+            if (Skv % 2)
+              for (int64_t r = 0; r < n; ++r) P16[size_t(r * lds + Skv)] = 0;
+          } else {
+            detail::gemm_ex(pool, qh, ldq, 1, n, nullptr, DType::F32, 0, false, Skv, D, nullptr, S.data(), lds,
+                            DType::F32, false, pk32 + hk * per_head);
+            softmax_numerators(S.data(), lds, static_cast<int>(n), nk.data(), nblk, span, store, scale, alpha.data(),
+                               inv.data());
           }
-          softmax_numerators(S.data(), lds, static_cast<int>(n), nk.data(), nblk, span, store, alpha.data(), inv.data());
           for (int64_t b = 0; b < nblk; ++b) {
             const int64_t j0 = b * kRefKv, w = std::min(kRefKv, Skv - j0);
             float* dst = b == 0 ? O.data() : T.data();
             if (bfdot)
-              detail::gemm_ex(pool, S.data() + j0, lds, 1, n, vt + int64_t(hk) * D * ldvt + j0, DType::BF16, ldvt,
-                              false, D, w, nullptr, dst, D, DType::F32, true);
+              detail::gemm_bf16_packed_serial(P16.data() + j0, lds, n, pk16 + hk * per_head + kpack + b * vpack, D, w,
+                                              dst, D, DType::F32);
             else
-              detail::gemm_ex(pool, S.data() + j0, lds, 1, n, vh + j0 * ldkv, DType::F32, ldkv, true, D, w, nullptr,
-                              dst, D, DType::F32, false);
+              detail::gemm_ex(pool, S.data() + j0, lds, 1, n, nullptr, DType::F32, 0, false, D, w, nullptr, dst, D,
+                              DType::F32, false, pk32 + hk * per_head + kpack + b * vpack);
             if (b > 0)
               for (int64_t r = 0; r < n; ++r) {
                 const float al = alpha[size_t(r * nblk + b)];
@@ -893,7 +976,7 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
             // The reference's block softmax (file header), every row of the item.
             const int64_t nblk = (nk + kRefKv - 1) / kRefKv;
             alpha.resize(size_t(rows) * nblk);
-            softmax_numerators(S.data(), Skv, rows, nks.data(), nblk, span, store, alpha.data(), inv.data());
+            softmax_numerators(S.data(), Skv, rows, nks.data(), nblk, span, store, 1.0f, alpha.data(), inv.data());
             for (int64_t j0 = 0, blk = 0; j0 < nk; j0 += kRefKv, ++blk) {
               if (j0 > 0)
                 for (int r = 0; r < rows; ++r)
@@ -959,7 +1042,7 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
           const int64_t nblk = (nk + kRefKv - 1) / kRefKv;
           alpha.resize(static_cast<size_t>(nblk));
           float inv = 0.f;
-          softmax_numerators(s.data(), 0, 1, &nk, nblk, span, store, alpha.data(), &inv);
+          softmax_numerators(s.data(), 0, 1, &nk, nblk, span, store, 1.0f, alpha.data(), &inv);
           std::fill(acc.begin(), acc.end(), 0.f);
           for (int64_t j0 = 0, blk = 0; j0 < nk; j0 += kRefKv, ++blk) {
             const int64_t j1 = std::min(nk, j0 + kRefKv);

@@ -447,16 +447,56 @@ int64_t f32_kc_block() { return f32_tiles_packed() ? kKC2 : kKC; }
 
 int64_t pack_f32_panels_size(int64_t N, int64_t K) { return (N + kNC - 1) / kNC * kNC * K; }
 
+namespace {
+void pack_f32_panel(const float* B, int64_t ldb, bool b_kmajor, int64_t N, int64_t K, int64_t p, float* panels) {
+  const int64_t kcb = f32_kc_block();
+  const int64_t n0 = p * kNC, nc = std::min<int64_t>(kNC, N - n0), strips = (nc + kNR - 1) / kNR;
+  for (int64_t k0 = 0; k0 < K; k0 += kcb)
+    pack_f32(B, DType::F32, ldb, b_kmajor, N, n0, nc, k0, std::min(kcb, K - k0),
+             panels + p * kNC * K + k0 * strips * kNR);
+}
+}  // namespace
+
 void pack_f32_panels(const ThreadPool& pool, const float* B, int64_t ldb, int64_t N, int64_t K, float* panels) {
-  const int64_t np = (N + kNC - 1) / kNC, kcb = f32_kc_block();
-  pool.parallel_for(np, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      const int64_t n0 = p * kNC, nc = std::min<int64_t>(kNC, N - n0), strips = (nc + kNR - 1) / kNR;
-      for (int64_t k0 = 0; k0 < K; k0 += kcb)
-        pack_f32(B, DType::F32, ldb, false, N, n0, nc, k0, std::min(kcb, K - k0),
-                 panels + p * kNC * K + k0 * strips * kNR);
-    }
+  pool.parallel_for((N + kNC - 1) / kNC, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) pack_f32_panel(B, ldb, false, N, K, p, panels);
   });
+}
+
+void pack_f32_panels_serial(const float* B, int64_t ldb, bool b_kmajor, int64_t N, int64_t K, float* panels) {
+  for (int64_t p = 0; p < (N + kNC - 1) / kNC; ++p) pack_f32_panel(B, ldb, b_kmajor, N, K, p, panels);
+}
+
+int64_t pack_bf16_panels_size(int64_t N, int64_t K) { return (N + kNC - 1) / kNC * kNC * ((K + 1) & ~int64_t(1)); }
+
+void pack_bf16_panels_serial(const uint16_t* B, int64_t ldb, int64_t N, int64_t K, uint16_t* panels) {
+  const int64_t Kp = (K + 1) & ~int64_t(1);
+  for (int64_t p = 0; p < (N + kNC - 1) / kNC; ++p) {
+    const int64_t n0 = p * kNC, nc = std::min<int64_t>(kNC, N - n0), strips = (nc + kNR - 1) / kNR;
+    for (int64_t k0 = 0; k0 < K; k0 += kKC)  // kKC is even: a block at k0 starts k0 / 2 pairs in
+      pack_bf16(B, ldb, N, K, n0, nc, k0, std::min<int64_t>(kKC, K - k0), panels + p * kNC * Kp + k0 * strips * kNR);
+  }
+}
+
+void gemm_bf16_packed_serial(const uint16_t* A, int64_t lda, int64_t M, const uint16_t* panels, int64_t N, int64_t K,
+                             float* C, int64_t ldc, DType store) {
+  MM3_CHECK(cpu_has_avx512bf16() && K > 0, "gemm_bf16_packed_serial: needs AVX512-BF16 and K > 0 (K={})", K);
+  const TileBf16* tb = bf16_tiles();
+  const int64_t Kp = (K + 1) & ~int64_t(1);
+  for (int64_t p = 0; p < (N + kNC - 1) / kNC; ++p) {
+    const int64_t n0 = p * kNC, nc = std::min<int64_t>(kNC, N - n0), strips = (nc + kNR - 1) / kNR;
+    for (int64_t k0 = 0; k0 < K; k0 += kKC) {
+      const int64_t kc = std::min<int64_t>(kKC, K - k0);
+      const uint16_t* bp = panels + p * kNC * Kp + k0 * strips * kNR;
+      for (int64_t m0 = 0; m0 < M; m0 += kMR)
+        for (int64_t s = 0; s < strips; ++s) {
+          const int64_t ns = n0 + s * kNR;
+          const TileArgs ta{kc,      C + m0 * ldc + ns, ldc,     static_cast<int>(std::min<int64_t>(kNR, N - ns)),
+                            k0 == 0, k0 + kc >= K,      nullptr, store};
+          tb[std::min<int64_t>(kMR, M - m0) - 1](A + m0 * lda + k0, lda, bp + s * ((kc + 1) / 2) * 2 * kNR, ta);
+        }
+    }
+  }
 }
 
 void gemm_ex(const ThreadPool& pool, const float* A, int64_t a_rs, int64_t a_cs, int64_t M, const void* B,

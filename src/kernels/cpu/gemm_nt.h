@@ -38,6 +38,21 @@ void gemm_ex(const ThreadPool& pool, const float* A, int64_t a_rs, int64_t a_cs,
 // floats; zero past N.
 int64_t pack_f32_panels_size(int64_t N, int64_t K);
 void pack_f32_panels(const ThreadPool& pool, const float* B, int64_t ldb, int64_t N, int64_t K, float* panels);
+// The same on the calling thread (for a caller already inside a parallel task), B n-major as above or,
+// with b_kmajor, B[n, k] at B + k * ldb + n (a [K, N] matrix).
+void pack_f32_panels_serial(const float* B, int64_t ldb, bool b_kmajor, int64_t N, int64_t K, float* panels);
+
+// B [N, K] as bf16 bits (n-major rows, stride ldb) packed once in the layout gemm_ex's bf16 tiles read
+// (the bf16 pairs of pack_bf16 per K block, panels of 128 columns), on the calling thread;
+// pack_bf16_panels_size uint16 values, zero past N and K.
+int64_t pack_bf16_panels_size(int64_t N, int64_t K);
+void pack_bf16_panels_serial(const uint16_t* B, int64_t ldb, int64_t N, int64_t K, uint16_t* panels);
+// C[m, n] = round_store(sum_k A[m, k] * B[n, k]) for m < M, n < N by the bf16 tiles (VDPBF16PS; needs
+// cpu_has_avx512bf16()) on B packed by pack_bf16_panels_serial and A as bf16 bits (rows of stride
+// lda); with K odd A[m, K] is read as the last pair's second half and must be finite (write a zero).
+// The bits of gemm_ex's bf16 form on the same values; runs on the calling thread.
+void gemm_bf16_packed_serial(const uint16_t* A, int64_t lda, int64_t M, const uint16_t* panels, int64_t N, int64_t K,
+                             float* C, int64_t ldc, DType store);
 
 // y[m, n] = round_bf16(sum_k x[m, k] W[n, k] + bias[n]) by oneDNN on a gemm_only_bf16 weight's
 // blocked form (gemm_dnnl.cpp); x bf16-valued, bias the weight's fp32 bias or null.
