@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/simd.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
 #include "kernels/ref/ref_quant.h"
@@ -243,13 +244,15 @@ void check_gemv(const ThreadPool& pool, QuantType t, int64_t M, const Size& s, D
 TEST(KernelsQuant, GemvMatchesRefEveryIsa) {
   ThreadPool pool(2);
   Rng rng(5);
+  // K up to 5121: 1..11 superblocks, so the VNNI body's groups of J = 8 / 4 / 2 superblocks and its 2-
+  // and 1-superblock tails all run for every M; the 4-rows-side-by-side body runs where M <= 2 rows of
+  // quantized activations fill more than half the L1D (quant.cpp): K = 8200 (17 superblocks) at M = 2
+  // on a 32 KiB L1D, and K_long at M = 1 and 2 on any; N = 7 runs its one-row tail as well.
+  const int64_t k_long = kern::detail::cpu_l1d_bytes() / 2 + 700;
   for (QuantType t : kTypes)
     for (int64_t M : {1, 2, 3, 4})
-      // K up to 5121: 1..11 superblocks, so the VNNI body's groups of J = 8 / 4 / 2 superblocks and
-      // its 2- and 1-superblock tails all run for every M; K = 8200 (17 superblocks) takes the 4-rows-
-      // side-by-side body for M <= 2, N = 7 its one-row tail as well.
       for (const Size& s : {Size{1, 1}, Size{3, 31}, Size{29, 100}, Size{9, 513}, Size{33, 1037}, Size{6, 2048},
-                            Size{5, 3583}, Size{3, 4608}, Size{2, 5121}, Size{7, 8200}})
+                            Size{5, 3583}, Size{3, 4608}, Size{2, 5121}, Size{7, 8200}, Size{7, k_long}})
         for (DType store : {DType::F32, DType::BF16}) check_gemv(pool, t, M, s, store, (M + s.N) % 2 == 0, rng);
 }
 

@@ -16,6 +16,7 @@
 
 #include <cblas.h>
 #include <immintrin.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -74,6 +75,13 @@ bool cpu_has_avx512() {
   static const bool v = isa_cap() >= IsaCap::Avx512 && __builtin_cpu_supports("avx512f") &&
                         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
                         __builtin_cpu_supports("avx512vl");
+  return v;
+}
+int64_t cpu_l1d_bytes() {
+  static const int64_t v = [] {
+    const long b = ::sysconf(_SC_LEVEL1_DCACHE_SIZE);
+    return b >= 4096 ? static_cast<int64_t>(b) : int64_t{32 * 1024};
+  }();
   return v;
 }
 bool cpu_has_amx_bf16() {

@@ -579,16 +579,21 @@ MM3_Q_TARGET inline void rows_vnni(const QuantActs& a, const QuantMatrix& w, int
 // Measured on Zen 4 (2 threads, weights cycled through 500 MB): walking 4 rows side by side, 256 B of
 // each in turn, read 2 KiB q4 rows at ~16 GB/s in a pure-load experiment, one row after another at
 // ~25 GB/s (interleaved offsets inside a 4 KiB page defeat the hardware prefetcher; software prefetches
-// did not recover it): [12288, 4096] q4 2.0-2.4 -> 1.2 ms, int8 2.2-2.4 -> 1.7 ms. Long rows are the
-// exception (the LM's down projection, K = 12288): there the M rows of quantized activations (12 KiB
-// each) no longer stay in L1 beside the streamed weights, and 4 rows side by side, which load each
-// activation vector once for 4 weight rows, measured faster: [4096, 12288] q4 ~2.0 -> ~1.5 ms, int8
-// ~2.9 -> ~2.1 ms (2 rows: in between); at K = 6144 (the depth decoder's) one row at a time stays
-// faster (q4 0.70 vs 0.94 ms). With M > 2 the 4-row body would not fit the registers.
+// did not recover it): [12288, 4096] q4 2.0-2.4 -> 1.2 ms, int8 2.2-2.4 -> 1.7 ms. The exception is a
+// row whose M rows of quantized activations (M · Kp bytes) no longer stay in L1 beside the streamed
+// weights: then 4 rows side by side, which load each activation vector once for 4 weight rows, are
+// faster. The test is M · Kp > L1D / 2. Zen 4 (L1D 32 KiB), the LM's down projection (K = 12288, 2 x
+// 12 KiB of activations): 4 rows [4096, 12288] q4 ~2.0 -> ~1.5 ms, int8 ~2.9 -> ~2.1 ms (2 rows: in
+// between); the depth decoder's K = 6144 stays faster one row at a time (q4 0.70 vs 0.94 ms). Zen 5
+// (L1D 48 KiB) is on the other side at K = 12288: one row at a time, 3 alternations of 9 runs,
+// gemv_q4_12288x4096_m2 0.78-0.84 -> 0.61-0.67 ms, gemv_int8_12288x4096_m2 1.06-1.10 -> 0.97-0.98 ms;
+// ar_frame_q4 in one process (15 frames each, alternating, same bits) 170.9 / 170.0 / 170.6 -> 165.8 /
+// 163.6 / 164.8 ms, ar_frame_int8 274.1 -> 273.7 ms. With M > 2 the 4-row body would not fit the
+// registers. The choice changes no bit (each output's sums run in the same order either way).
 template <int M, bool I8>
 MM3_Q_TARGET void gemv_vnni(const QuantActs& a, const QuantMatrix& w, int64_t n0, int64_t n1, const GemvOut& out) {
   int64_t n = n0;
-  if (M <= 2 && w.padded_cols() >= 8192)
+  if (M <= 2 && 2 * M * w.padded_cols() > cpu_l1d_bytes())
     for (; n + 4 <= n1; n += 4) rows_vnni<M, I8, 4>(a, w, n, out);
   for (; n < n1; ++n) rows_vnni<M, I8, 1>(a, w, n, out);
 }

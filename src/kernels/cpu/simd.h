@@ -33,6 +33,8 @@ bool cpu_has_avx2_fma();
 bool cpu_has_amx_bf16();  // AMX-BF16 tiles (oneDNN's brgemm then runs bf16 GEMMs on them)
 // All four honour MM3_ISA (a cap, see linear.cpp). isa_name(): the best level they allow.
 const char* isa_name();
+// The L1 data cache of a core in bytes (sysconf; 32 KiB when the system does not say).
+int64_t cpu_l1d_bytes();
 
 inline void store_rounded(float* dst, const float* src, int64_t n, DType store) {
   if (store == DType::BF16) {
