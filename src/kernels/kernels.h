@@ -33,6 +33,10 @@ namespace mm3::kern {
 // Immutable once built; a backend may attach a prepacked copy at construction (`prepack()`).
 // Or a quantized weight (kernels/quant.h: Int8 / Q4 blocks): then weight() is an empty Tensor and
 // `linear` takes the quantized paths described in quant.h (bias as above).
+// The backend GEMM forms a LinearWeight may hold instead of its plain tensor (gemm_only_bf16,
+// gemm_only_f32 below).
+enum class GemmKind : uint8_t { None, Bf16Dnnl, F32Panels, F32Dnnl };
+
 class LinearWeight {
  public:
   LinearWeight() = default;
@@ -52,15 +56,17 @@ class LinearWeight {
   // Bytes one pass over the weight reads (the quantized blocks + scales, the blocked bf16 form, or
   // the dense tensor).
   size_t weight_bytes() const { return quant_ ? quant_->bytes() : gemm_ ? gemm_bytes_ : w_.nbytes(); }
+  // Which GEMM form the weight is held in (None: the plain tensor or the quantized form).
+  GemmKind gemm_kind() const { return kind_; }
   // The backend's blocked bf16 GEMM form (gemm_only_bf16); then weight() is an empty Tensor.
-  bool gemm_packed() const { return gemm_ != nullptr && !f32_panels_; }
-  // The backend's pre-packed fp32 GEMM form (gemm_only_f32); then weight() is an empty Tensor.
-  bool f32_packed() const { return gemm_ != nullptr && f32_panels_; }
+  bool gemm_packed() const { return kind_ == GemmKind::Bf16Dnnl; }
+  // A pre-packed fp32 GEMM form (gemm_only_f32, either kind); then weight() is an empty Tensor.
+  bool f32_packed() const { return kind_ == GemmKind::F32Panels || kind_ == GemmKind::F32Dnnl; }
   const void* gemm_form() const { return gemm_.get(); }
   // Backend use (gemm_only_bf16 / gemm_only_f32): a weight held only in a blocked form of `bytes`
-  // bytes; f32_panels says which of the two it is.
+  // bytes, of kind `kind` (not None).
   LinearWeight(int64_t out, int64_t in, std::shared_ptr<const void> gemm_form, size_t bytes, Tensor bias,
-               bool f32_panels = false);
+               GemmKind kind);
 
  private:
   void set_bias(Tensor bias);
@@ -68,7 +74,7 @@ class LinearWeight {
   std::shared_ptr<const QuantMatrix> quant_;
   std::shared_ptr<const void> gemm_;
   size_t gemm_bytes_ = 0;
-  bool f32_panels_ = false;
+  GemmKind kind_ = GemmKind::None;
   std::vector<float> bias_f32_;
   int64_t out_ = 0, in_ = 0;
 };
@@ -84,14 +90,20 @@ class LinearWeight {
 // offers no blocked bf16 kernel (no AVX512-BF16 / AMX) this returns the plain bf16 weight instead.
 LinearWeight gemm_only_bf16(const LinearWeight& w);
 
-// A copy of an F32 weight for an fp32 computation that runs it as a GEMM: held packed in the layout
-// the CPU GEMM's tile reads (gemm_nt's panels, in huge-page memory), so no call re-packs it; the plain
-// tensor is not kept (weight() is empty). `linear` on it takes that GEMM for every M (also M <= 4,
-// where a plain weight would take the GEMV), with the GEMM's bits: one FMA chain per output, the same
-// as gemm_nt on the plain weight, independent of the thread count. The layout depends on the ISA path
-// this process dispatches to, so the form is built and used in one process. Throws InternalError for
-// a weight that is not plain F32.
-LinearWeight gemm_only_f32(const LinearWeight& w, const ThreadPool& pool);
+// A copy of an F32 weight for an fp32 computation that runs it as a GEMM, packed once so that no call
+// re-packs it; the plain tensor is not kept (weight() is empty). `linear` on it takes that GEMM for
+// every M (also M <= 4, where a plain weight would take the GEMV). Two forms (CPU backend):
+// - GemmKind::F32Dnnl where oneDNN has an fp32 brgemm kernel for the shape (AVX-512 CPUs) and
+//   `onednn` is true (and MM3_ONEDNN is not 0): oneDNN's blocked layout and matmul, 10-19% faster
+//   than gemm_nt's panels at the DiT's shapes on Zen 5 (gemm_dnnl.cpp). fp32 sums in oneDNN's order:
+//   not gemm_nt's bits; deterministic, and bitwise equal on 1 and 2 threads at the shapes
+//   kernels_linear_dnnl.cpp tests, which oneDNN does not promise in general.
+// - GemmKind::F32Panels otherwise: the layout gemm_nt's tile reads, in huge-page memory, with the
+//   GEMM's bits: one FMA chain per output, the same as gemm_nt on the plain weight, independent of the
+//   thread count.
+// Either layout depends on the ISA this process dispatches to, so the form is built and used in one
+// process. Throws InternalError for a weight that is not plain F32.
+LinearWeight gemm_only_f32(const LinearWeight& w, const ThreadPool& pool, bool onednn = true);
 
 // y[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]), for m < M. x rows stride ldx >= in, y rows stride
 // ldy >= out. Accumulates in fp32; the result is rounded once to `store`. Small M (decode, M <= 2..4)

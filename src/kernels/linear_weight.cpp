@@ -21,9 +21,10 @@ LinearWeight::LinearWeight(std::shared_ptr<const QuantMatrix> quant, Tensor bias
 }
 
 LinearWeight::LinearWeight(int64_t out, int64_t in, std::shared_ptr<const void> gemm_form, size_t bytes, Tensor bias,
-                           bool f32_panels)
-    : gemm_(std::move(gemm_form)), gemm_bytes_(bytes), f32_panels_(f32_panels), out_(out), in_(in) {
-  if (!gemm_ || out <= 0 || in <= 0) throw InternalError("LinearWeight: empty blocked GEMM form");
+                           GemmKind kind)
+    : gemm_(std::move(gemm_form)), gemm_bytes_(bytes), kind_(kind), out_(out), in_(in) {
+  if (!gemm_ || out <= 0 || in <= 0 || kind == GemmKind::None)
+    throw InternalError("LinearWeight: empty blocked GEMM form");
   set_bias(std::move(bias));
 }
 

@@ -17,8 +17,8 @@ namespace mm3 {
 struct DiT::Weights {
   struct Block {
     std::vector<float> ln1_w, ln1_b, ln2_w, ln2_b;  // [D]
-    kern::LinearWeight q, k, v, o;                  // [D, D], no bias (bf16 profile: q, k, v empty)
-    kern::LinearWeight qkv;                         // bf16 profile: [q; k; v] [3D, D] as one GEMM
+    kern::LinearWeight q, k, v, o;                  // [D, D], no bias (q, k, v empty when qkv holds them)
+    kern::LinearWeight qkv;                         // bf16 / packed fp32: [q; k; v] [3D, D] as one GEMM
     kern::LinearWeight ff_in;                       // [2F, D] + [2F]; rows [0, F) value a, [F, 2F) gate g
     kern::LinearWeight ff_out;                      // [D, F] + [D]
   };
@@ -43,8 +43,8 @@ kern::LinearWeight to_bf16(const kern::LinearWeight& w) {
   return kern::LinearWeight(w.weight().to(DType::BF16), w.has_bias() ? w.bias().to(DType::BF16) : Tensor());
 }
 
-// [a; b; c] along the output rows, bf16 (no biases: the DiT's q, k, v have none).
-kern::LinearWeight concat_rows_bf16(std::initializer_list<const kern::LinearWeight*> parts) {
+// [a; b; c] along the output rows, as `dt` (no biases: the DiT's q, k, v have none).
+kern::LinearWeight concat_rows(std::initializer_list<const kern::LinearWeight*> parts, DType dt) {
   int64_t N = 0;
   const int64_t K = (*parts.begin())->in_features();
   for (const kern::LinearWeight* w : parts) {
@@ -52,12 +52,12 @@ kern::LinearWeight concat_rows_bf16(std::initializer_list<const kern::LinearWeig
               w->in_features());
     N += w->out_features();
   }
-  Tensor cat = Tensor::empty(DType::BF16, {N, K});
-  auto* dst = static_cast<uint16_t*>(cat.raw());
+  Tensor cat = Tensor::empty(dt, {N, K});
+  auto* dst = static_cast<char*>(cat.raw());
   for (const kern::LinearWeight* w : parts) {
-    const Tensor part = w->weight().to(DType::BF16).contiguous();
+    const Tensor part = w->weight().to(dt).contiguous();
     std::memcpy(dst, part.raw(), part.nbytes());
-    dst += w->out_features() * K;
+    dst += part.nbytes();
   }
   return kern::LinearWeight(cat);
 }
@@ -139,8 +139,17 @@ const DiT::Weights& DiT::weights(DType compute, const ThreadPool& pool) const {
         release_mapped_pages(src);
       };
       for (auto* lw : {&w->pre, &w->proj_in, &w->proj_out, &w->post}) pack(*lw);
-      for (auto& bl : w->blocks)
-        for (auto* lw : {&bl.q, &bl.k, &bl.v, &bl.o, &bl.ff_in, &bl.ff_out}) pack(*lw);
+      for (auto& bl : w->blocks) {
+        // q | k | v as one [3D, D] GEMM, as in the bf16 profile (one pass over the normed rows, and a
+        // dense [tokens, 3D] output, which oneDNN's brgemm needs); gemm_nt's panels give each output the
+        // same FMA chain either way.
+        bl.qkv = concat_rows({&bl.q, &bl.k, &bl.v}, DType::F32);
+        for (auto* lw : {&bl.q, &bl.k, &bl.v}) {
+          release_mapped_pages(lw->weight());
+          *lw = kern::LinearWeight();
+        }
+        for (auto* lw : {&bl.qkv, &bl.o, &bl.ff_in, &bl.ff_out}) pack(*lw);
+      }
       f32_packed_ = std::move(w);
       MM3_LOG_INFO("transformer: fp32 GEMM weights ({:.1f} GB) packed in {:.1f} s", gb,
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -168,7 +177,7 @@ const DiT::Weights& DiT::weights(DType compute, const ThreadPool& pool) const {
       // One GEMM for q | k | v (N = 3D): it reads the normed rows once, and its output rows are already
       // the [q | k | v] layout attention takes. Same bits as three calls (oneDNN's K order per output
       // does not depend on N; checked at the real shapes, M = 690 and 1380).
-      bl.qkv = kern::gemm_only_bf16(concat_rows_bf16({&sb.q, &sb.k, &sb.v}));
+      bl.qkv = kern::gemm_only_bf16(concat_rows({&sb.q, &sb.k, &sb.v}, DType::BF16));
       bl.o = kern::gemm_only_bf16(sb.o);
       bl.ff_in = kern::gemm_only_bf16(sb.ff_in);
       bl.ff_out = kern::gemm_only_bf16(sb.ff_out);
@@ -284,6 +293,8 @@ void DiT::forward(const ThreadPool& pool, const std::vector<DitItem>& items, int
     norm(bl.ln1_w, bl.ln1_b);
     if (b16) {
       kern::linear_bf16_in(pool, ws.n16.data(), R, D, bl.qkv, qkv, 3 * D);
+    } else if (bl.q.out_features() == 0) {  // the packed fp32 weights: q | k | v fused
+      kern::linear(pool, ws.n.data(), R, D, bl.qkv, qkv, 3 * D, st);
     } else {
       kern::linear(pool, ws.n.data(), R, D, bl.q, qkv, 3 * D, st);
       kern::linear(pool, ws.n.data(), R, D, bl.k, qkv + D, 3 * D, st);

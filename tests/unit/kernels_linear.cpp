@@ -206,7 +206,8 @@ TEST(KernelsLinear, GemmIsOneSequentialFmaChain) {
       }
 }
 
-// gemm_only_f32: the weight packed once in the tile's panels. Every M (the GEMV's M <= 4 too) takes
+// gemm_only_f32's panels form (onednn = false; kernels_linear_dnnl.cpp tests the oneDNN form): the
+// weight packed once in the tile's panels. Every M (the GEMV's M <= 4 too) takes
 // the GEMM on those panels, so each output is the same one sequential FMA chain as above, on 1 and 2
 // threads; sizes cross panels (128 columns), strips (32) and K blocks (256, or the AVX2 tiles' 128).
 TEST(KernelsLinear, PrepackedF32IsOneSequentialFmaChain) {
@@ -221,8 +222,9 @@ TEST(KernelsLinear, PrepackedF32IsOneSequentialFmaChain) {
     for (bool with_bias : {false, true}) {
       SCOPED_TRACE(::testing::Message() << "M=" << M << " K=" << K << " N=" << N << " bias=" << with_bias);
       const kern::LinearWeight plain = make_weight(rng, N, K, DType::F32, with_bias, DType::F32);
-      const kern::LinearWeight w = kern::gemm_only_f32(plain, p2);
+      const kern::LinearWeight w = kern::gemm_only_f32(plain, p2, /*onednn=*/false);
       ASSERT_TRUE(w.f32_packed());
+      ASSERT_EQ(w.gemm_kind(), kern::GemmKind::F32Panels);
       EXPECT_FALSE(w.gemm_packed());
       EXPECT_EQ(w.weight().raw(), nullptr) << "the plain tensor is not kept";
       EXPECT_EQ(w.out_features(), N);

@@ -8,6 +8,10 @@
 // * the blocked form replaces the plain tensor (weight() empty), and store F32 is refused.
 // Skips (loudly) where oneDNN has no blocked bf16 kernel on this CPU (no AVX512-BF16 / AMX): then
 // gemm_only_bf16 returns the plain weight and kernels_linear.cpp covers it.
+// gemm_only_f32's oneDNN form (F32*): the same odd sizes and strides against ref::linear in fp32
+// (summation bound; with store BF16 plus one bf16 spacing and every output bf16-valued), thread-count
+// independence and determinism at the DiT's shapes scaled down, onednn = false giving gemm_nt's panels.
+// Skips (loudly) where oneDNN has no fp32 brgemm here (no AVX-512).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -146,6 +150,85 @@ TEST(KernelsLinearDnnl, Bf16InputWritesLinearsBits) {
   if (!saw_packed)
     GTEST_SKIP() << "oneDNN offers no blocked bf16 matmul on this CPU (needs AVX512-BF16 or AMX): only the "
                     "plain-weight forms of linear_bf16_in were checked";
+}
+
+kern::LinearWeight plain_f32(Rng& rng, int64_t N, int64_t K, bool bias) {
+  Tensor w = Tensor::from_f32(rng.vec(static_cast<size_t>(N * K), -1.f, 1.f), {N, K});
+  Tensor b;
+  if (bias) b = Tensor::from_f32(rng.vec(static_cast<size_t>(N), -1.f, 1.f), {N});
+  return kern::LinearWeight(w, b);
+}
+
+#define MM3_REQUIRE_F32_DNNL(w)                                                                   \
+  if ((w).gemm_kind() != kern::GemmKind::F32Dnnl)                                                 \
+  GTEST_SKIP() << "oneDNN offers no fp32 brgemm on this CPU (needs AVX-512); gemm_only_f32 took " \
+                  "gemm_nt's panels, which kernels_linear.cpp tests"
+
+TEST(KernelsLinearDnnl, F32FormMatchesRefOddSizes) {
+  const Case cases[] = {{1, 37, 29},    {2, 64, 33},   {4, 97, 7}, {5, 37, 29}, {7, 100, 3},  {37, 129, 65},
+                        {64, 300, 130}, {130, 64, 96}, {3, 1, 5},  {9, 33, 1},  {600, 48, 40}};
+  ThreadPool pool(2);
+  uint64_t seed = 500;
+  for (const Case& c : cases)
+    for (bool with_bias : {false, true}) {
+      Rng rng(seed++);
+      const kern::LinearWeight plain = plain_f32(rng, c.N, c.K, with_bias);
+      const kern::LinearWeight w = kern::gemm_only_f32(plain, pool);
+      MM3_REQUIRE_F32_DNNL(w);
+      EXPECT_TRUE(w.f32_packed());
+      EXPECT_FALSE(w.gemm_packed());
+      EXPECT_EQ(w.weight().raw(), nullptr) << "the plain tensor must not be kept";
+      EXPECT_EQ(w.out_features(), c.N);
+      EXPECT_EQ(w.in_features(), c.K);
+      const int64_t ldx = c.K + 3, ldy = c.N + 5;
+      std::vector<float> x = rng.vec(static_cast<size_t>(c.M * ldx), -2.f, 2.f);
+      for (auto& v : x) v = std::ldexp(v, static_cast<int>(rng.int_in(-6, 6)));
+      const float* wf = static_cast<const float*>(plain.weight().raw());
+      const float* bias = plain.bias_f32();
+      for (DType store : {DType::F32, DType::BF16}) {
+        SCOPED_TRACE(::testing::Message() << "M=" << c.M << " K=" << c.K << " N=" << c.N << " bias=" << with_bias
+                                          << " store=" << test::store_name(store));
+        Guarded y(c.M, c.N, ldy);
+        kern::linear(pool, x.data(), c.M, ldx, w, y.data(), ldy, store);
+        std::vector<float> ref(static_cast<size_t>(c.M * c.N));
+        ref::linear(pool, x.data(), c.M, ldx, plain, ref.data(), c.N, store);
+        EXPECT_EQ(y.touched_outside(), 0) << "wrote outside y's rows / guards";
+        EXPECT_EQ(y.untouched_inside(), 0) << "left outputs unwritten";
+        const int64_t bad = test::count_violations(
+            "linear(dnnl f32)", y.data(), ldy, ref.data(), c.M, c.N, [&](int64_t m, int64_t n, float e) {
+              double s = bias ? std::fabs(bias[n]) : 0.0;
+              for (int64_t k = 0; k < c.K; ++k) s += std::fabs(double(x[m * ldx + k]) * wf[n * c.K + k]);
+              return (c.K + 2) * test::kEps32 * s + (store == DType::BF16 ? test::bf16_ulp(e) : 0.0);
+            });
+        EXPECT_EQ(bad, 0);
+        if (store == DType::BF16) {
+          EXPECT_EQ(test::count_non_bf16(y.data(), ldy, c.M, c.N), 0) << "bf16 store left unrounded values";
+        }
+      }
+    }
+}
+
+// The fp32 DiT's GEMMs at a smaller scale: the bits must not depend on the thread count, nor change
+// run to run; onednn = false keeps gemm_nt's panels.
+TEST(KernelsLinearDnnl, F32FormThreadCountIndependentAndDeterministic) {
+  const Case cases[] = {{690, 256, 768}, {690, 1024, 256}, {1380, 256, 256}, {689, 256, 128}, {2, 256, 256}};
+  ThreadPool one(1), two(2);
+  uint64_t seed = 600;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "M=" << c.M << " K=" << c.K << " N=" << c.N);
+    Rng rng(seed++);
+    const kern::LinearWeight plain = plain_f32(rng, c.N, c.K, true);
+    EXPECT_EQ(kern::gemm_only_f32(plain, two, /*onednn=*/false).gemm_kind(), kern::GemmKind::F32Panels);
+    const kern::LinearWeight w = kern::gemm_only_f32(plain, two);
+    MM3_REQUIRE_F32_DNNL(w);
+    const std::vector<float> x = rng.vec(static_cast<size_t>(c.M * c.K), -2.f, 2.f);
+    std::vector<float> a(static_cast<size_t>(c.M * c.N)), b(a.size()), r(a.size());
+    kern::linear(one, x.data(), c.M, c.K, w, a.data(), c.N, DType::F32);
+    kern::linear(two, x.data(), c.M, c.K, w, b.data(), c.N, DType::F32);
+    kern::linear(two, x.data(), c.M, c.K, w, r.data(), c.N, DType::F32);
+    EXPECT_EQ(test::count_bit_diffs(a.data(), c.N, b.data(), c.M, c.N), 0) << "1 vs 2 threads";
+    EXPECT_EQ(test::count_bit_diffs(b.data(), c.N, r.data(), c.M, c.N), 0) << "run to run";
+  }
 }
 
 TEST(KernelsLinearDnnl, RefusesF32Store) {

@@ -1,5 +1,6 @@
-// gemm_dnnl.cpp — kern::gemm_only_bf16 (kernels.h) and its GEMM, oneDNN's matmul on weights packed
-// once into oneDNN's blocked bf16 layout (the CPU backend's fastest bf16 GEMM on this hardware).
+// gemm_dnnl.cpp — kern::gemm_only_bf16 (kernels.h), gemm_only_f32's oneDNN form, and their GEMM:
+// oneDNN's matmul on weights packed once into oneDNN's blocked layout (the CPU backend's fastest GEMMs
+// on this hardware, bf16 and fp32 alike).
 //
 // Measured on 2 Zen 5 cores (AVX512-BF16, no AMX), M = 689, bf16 x bf16 -> fp32:
 //   N x K           oneDNN packed   oneDNN plain [N, K]   gemm_nt bf16
@@ -9,9 +10,17 @@
 // so the weights are reordered once at load (the packed copy replaces the plain one: no extra
 // memory). oneDNN picks its kernel per shape; only a "brg" (brgemm) implementation is taken, so a
 // CPU without AVX512-BF16 / AMX keeps the plain weight and gemm_nt.
+// fp32 (fourteenth session, the same machine, one process, the two alternating run by run, medians of
+// 9, GFLOP/s): gemm_nt on its pre-packed panels against oneDNN's brgemm (brg:avx512_core) on its packed
+// layout, at the DiT's shapes, M = 1380 (an Euler step's batch of 2) / 690:
+//   N x K           gemm_nt panels   oneDNN packed   (oneDNN on the plain [N, K] layout: 273 at M 689)
+//   6144 x 2048     315 / 333        362 / 373
+//   2048 x 2048     330 / 314        372 / 377
+//   16384 x 2048    320 / 332        366 / 369
+//   2048 x 8192     298 / 316        366 / 375
 //
-// Numerics: y = round_bf16(sum_k x[m, k] w[n, k] + bias[n]), the sum in fp32 over exact bf16
-// products (oneDNN's order), the bias added in fp32 by oneDNN, one rounding here.
+// Numerics: y = store(sum_k x[m, k] w[n, k] + bias[n]), the sum in fp32 (bf16: over exact bf16
+// products) in oneDNN's order, the bias added in fp32 by oneDNN, at most one rounding here.
 #include <omp.h>
 
 #include <cstdlib>
@@ -45,14 +54,15 @@ const dnnl::engine& cpu_engine() {
 
 struct DnnlForm {
   dnnl::memory::desc md;  // the packed layout
-  dnnl::memory mem;       // owns the packed bf16 weights
+  dnnl::memory mem;       // owns the packed weights (bf16 or f32)
+  dt type = dt::bf16;     // of the weights and of x
   int64_t N = 0, K = 0;
   bool bias = false;
 };
 
 dnnl::matmul::primitive_desc make_pd(int64_t M, int64_t N, int64_t K, bool bias, const dnnl::memory::desc& w_md,
-                                     int64_t ldy, int64_t ldx) {
-  const dnnl::memory::desc src({M, K}, dt::bf16, dnnl::memory::dims{ldx, 1});
+                                     int64_t ldy, int64_t ldx, dt src_type) {
+  const dnnl::memory::desc src({M, K}, src_type, dnnl::memory::dims{ldx, 1});
   const dnnl::memory::desc dst({M, N}, dt::f32, dnnl::memory::dims{ldy, 1});
   if (bias) {
     const dnnl::memory::desc b({1, N}, dt::f32, tag::ab);
@@ -72,44 +82,36 @@ bool onednn_disabled() {
   return e && std::string(e) == "0";
 }
 
-}  // namespace
-
-LinearWeight gemm_only_bf16(const LinearWeight& w) {
-  MM3_CHECK(!w.quantized() && !w.gemm_packed() && w.weight().ndim() == 2,
-            "gemm_only_bf16: needs a plain F32 / BF16 weight");
-  const Tensor plain = w.weight().to(DType::BF16).contiguous();
-  const Tensor bias = w.has_bias() ? w.bias().to(DType::BF16) : Tensor();
-  const int64_t N = w.out_features(), K = w.in_features();
-  if (!detail::cpu_has_avx512bf16() || onednn_disabled()) return LinearWeight(plain, bias);
+// `plain` (contiguous [N, K] of type `type`) reordered into the layout oneDNN's brgemm wants for
+// [kPackM, K] x [K, N]; null where oneDNN offers no brgemm kernel for the shape.
+std::shared_ptr<DnnlForm> pack_dnnl(const Tensor& plain, dt type, bool bias) {
+  const int64_t N = plain.dim(0), K = plain.dim(1);
   try {
-    const dnnl::memory::desc any({K, N}, dt::bf16, tag::any);
-    const auto pd = make_pd(kPackM, N, K, w.has_bias(), any, N, K);
+    const dnnl::memory::desc any({K, N}, type, tag::any);
+    const auto pd = make_pd(kPackM, N, K, bias, any, N, K, type);
     const std::string impl = pd.impl_info_str();
-    if (impl.rfind("brg", 0) != 0) return LinearWeight(plain, bias);
+    if (impl.rfind("brg", 0) != 0) return nullptr;
     auto f = std::make_shared<DnnlForm>();
     f->md = pd.weights_desc();
     f->mem = dnnl::memory(f->md, cpu_engine());
+    f->type = type;
     f->N = N;
     f->K = K;
-    f->bias = w.has_bias();
+    f->bias = bias;
     // W [N, K] row-major is the [K, N] matrix in column-major ("ba") order.
-    const dnnl::memory src(dnnl::memory::desc({K, N}, dt::bf16, tag::ba), cpu_engine(),
-                           const_cast<void*>(plain.raw()));
+    const dnnl::memory src(dnnl::memory::desc({K, N}, type, tag::ba), cpu_engine(), const_cast<void*>(plain.raw()));
     dnnl::stream s(cpu_engine());
     dnnl::reorder(src, f->mem).execute(s, const_cast<dnnl::memory&>(src), f->mem);
     s.wait();
-    const size_t bytes = f->md.get_size();
-    return LinearWeight(N, K, std::move(f), bytes, bias);
+    return f;
   } catch (const dnnl::error&) {
-    return LinearWeight(plain, bias);  // no oneDNN kernel for this shape: the plain bf16 weight
+    return nullptr;  // no oneDNN kernel for this shape
   }
 }
 
-namespace detail {
-
-void dnnl_linear_bf16_in(const ThreadPool& pool, const uint16_t* xb, int64_t M, int64_t ldx, const void* form,
-                         const float* bias, float* y, int64_t ldy, bool round_y) {
-  const DnnlForm& f = *static_cast<const DnnlForm*>(form);
+// y = store(x · W^T + bias) on a packed form; x rows of stride ldx in the form's type.
+void run_dnnl(const ThreadPool& pool, const void* x, int64_t M, int64_t ldx, const DnnlForm& f, const float* bias,
+              float* y, int64_t ldy, bool round_y) {
   const int64_t N = f.N, K = f.K;
   omp_threads(pool);
   // A strided destination (the DiT's q/k/v into [tokens, 3·D]): oneDNN 2.6's brgemm takes only a dense
@@ -121,7 +123,7 @@ void dnnl_linear_bf16_in(const ThreadPool& pool, const uint16_t* xb, int64_t M, 
   if (!dense && ybuf.size() < static_cast<size_t>(M * N)) ybuf.resize(static_cast<size_t>(M * N));
   float* const yd = dense ? y : ybuf.data();
   try {
-    const auto pd = make_pd(M, N, K, f.bias, dnnl::memory::desc({K, N}, dt::bf16, tag::any), N, ldx);
+    const auto pd = make_pd(M, N, K, f.bias, dnnl::memory::desc({K, N}, f.type, tag::any), N, ldx, f.type);
     const dnnl::engine& eng = cpu_engine();
     dnnl::stream s(eng);
     dnnl::memory wmem = f.mem;
@@ -129,14 +131,15 @@ void dnnl_linear_bf16_in(const ThreadPool& pool, const uint16_t* xb, int64_t M, 
       wmem = dnnl::memory(pd.weights_desc(), eng);
       dnnl::reorder(f.mem, wmem).execute(s, const_cast<dnnl::memory&>(f.mem), wmem);
     }
-    dnnl::memory src(pd.src_desc(), eng, const_cast<uint16_t*>(xb)), dst(pd.dst_desc(), eng, yd);
+    dnnl::memory src(pd.src_desc(), eng, const_cast<void*>(x)), dst(pd.dst_desc(), eng, yd);
     std::unordered_map<int, dnnl::memory> args = {
         {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wmem}, {DNNL_ARG_DST, dst}};
     if (f.bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(pd.bias_desc(), eng, const_cast<float*>(bias)));
     dnnl::matmul(pd).execute(s, args);
     s.wait();
   } catch (const dnnl::error& e) {
-    throw InternalError(fmt::format("linear: oneDNN bf16 matmul [{}, {}] x [{}, {}] failed: {}", M, K, N, K, e.what()));
+    throw InternalError(fmt::format("linear: oneDNN {} matmul [{}, {}] x [{}, {}] failed: {}",
+                                    f.type == dt::f32 ? "fp32" : "bf16", M, K, N, K, e.what()));
   }
   if (dense && !round_y) return;
   pool.parallel_for(M, [&](int64_t b, int64_t e) {
@@ -145,6 +148,28 @@ void dnnl_linear_bf16_in(const ThreadPool& pool, const uint16_t* xb, int64_t M, 
       if (round_y) round_to_store(y + m * ldy, static_cast<size_t>(N), DType::BF16);
     }
   });
+}
+
+}  // namespace
+
+LinearWeight gemm_only_bf16(const LinearWeight& w) {
+  MM3_CHECK(!w.quantized() && !w.gemm_packed() && w.weight().ndim() == 2,
+            "gemm_only_bf16: needs a plain F32 / BF16 weight");
+  const Tensor plain = w.weight().to(DType::BF16).contiguous();
+  const Tensor bias = w.has_bias() ? w.bias().to(DType::BF16) : Tensor();
+  const int64_t N = w.out_features(), K = w.in_features();
+  if (!detail::cpu_has_avx512bf16() || onednn_disabled()) return LinearWeight(plain, bias);
+  auto f = pack_dnnl(plain, dt::bf16, w.has_bias());
+  if (!f) return LinearWeight(plain, bias);
+  const size_t bytes = f->md.get_size();
+  return LinearWeight(N, K, std::move(f), bytes, bias, GemmKind::Bf16Dnnl);
+}
+
+namespace detail {
+
+void dnnl_linear_bf16_in(const ThreadPool& pool, const uint16_t* xb, int64_t M, int64_t ldx, const void* form,
+                         const float* bias, float* y, int64_t ldy, bool round_y) {
+  run_dnnl(pool, xb, M, ldx, *static_cast<const DnnlForm*>(form), bias, y, ldy, round_y);
 }
 
 void dnnl_linear_bf16(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const void* form,
@@ -160,6 +185,18 @@ void dnnl_linear_bf16(const ThreadPool& pool, const float* x, int64_t M, int64_t
     for (int64_t m = b; m < e; ++m) f32_to_bf16(x + m * ldx, xb + m * K, static_cast<size_t>(K));
   });
   dnnl_linear_bf16_in(pool, xb, M, K, form, bias, y, ldy, /*round_y=*/true);
+}
+
+std::shared_ptr<const void> dnnl_pack_f32(const Tensor& plain, bool bias, size_t& bytes) {
+  if (onednn_disabled()) return nullptr;
+  auto f = pack_dnnl(plain, dt::f32, bias);
+  if (f) bytes = f->md.get_size();
+  return f;
+}
+
+void dnnl_linear_f32(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const void* form,
+                     const float* bias, float* y, int64_t ldy, DType store) {
+  run_dnnl(pool, x, M, ldx, *static_cast<const DnnlForm*>(form), bias, y, ldy, store == DType::BF16);
 }
 
 bool dnnl_bf16_available() { return cpu_has_avx512bf16() && !onednn_disabled(); }

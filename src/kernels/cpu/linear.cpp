@@ -400,16 +400,22 @@ struct F32Panels {
 };
 }  // namespace
 
-LinearWeight gemm_only_f32(const LinearWeight& w, const ThreadPool& pool) {
+LinearWeight gemm_only_f32(const LinearWeight& w, const ThreadPool& pool, bool onednn) {
   MM3_CHECK(!w.quantized() && !w.gemm_form() && w.weight().ndim() == 2 && w.weight().dtype() == DType::F32,
             "gemm_only_f32: needs a plain F32 weight");
   const int64_t N = w.out_features(), K = w.in_features();
   const Tensor plain = w.weight().contiguous();
+  const Tensor bias = w.has_bias() ? w.bias() : Tensor();
+  if (onednn) {
+    size_t bytes = 0;
+    if (auto form = detail::dnnl_pack_f32(plain, w.has_bias(), bytes))
+      return LinearWeight(N, K, std::move(form), bytes, bias, GemmKind::F32Dnnl);
+  }
   auto f = std::make_shared<F32Panels>();
   f->data = Tensor::empty(DType::F32, {detail::pack_f32_panels_size(N, K)});
   detail::pack_f32_panels(pool, static_cast<const float*>(plain.raw()), K, N, K, static_cast<float*>(f->data.raw()));
   const size_t bytes = f->data.nbytes();
-  return LinearWeight(N, K, std::move(f), bytes, w.has_bias() ? w.bias() : Tensor(), /*f32_panels=*/true);
+  return LinearWeight(N, K, std::move(f), bytes, bias, GemmKind::F32Panels);
 }
 
 void linear(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const LinearWeight& w, float* y,
@@ -422,6 +428,10 @@ void linear(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, cons
     MM3_CHECK(store == DType::BF16, "linear: a gemm_only_bf16 weight [{}, {}] needs store BF16, not {}", N, K,
               dtype_name(store));
     detail::dnnl_linear_bf16(pool, x, M, ldx, w.gemm_form(), w.bias_f32(), y, ldy);
+    return;
+  }
+  if (w.gemm_kind() == GemmKind::F32Dnnl) {  // gemm_only_f32, oneDNN's form: oneDNN for every M
+    detail::dnnl_linear_f32(pool, x, M, ldx, w.gemm_form(), w.bias_f32(), y, ldy, store);
     return;
   }
   if (w.f32_packed()) {  // gemm_only_f32: the GEMM on its panels for every M
