@@ -42,13 +42,19 @@ Tensor random_tensor(const ThreadPool& pool, DType dt, Shape shape, float std, u
 // (the decode GEMV), the run cycles through enough weight copies to span >= 512 MiB, so each call reads
 // its weight from memory as a real decode step does (16 GB of LM weights never sit in a cache) rather
 // than from whatever cache holds one 100 MB matrix; bytes then counts the weight only.
-StageRun linear_stage(const BenchContext& ctx, int64_t M, int64_t N, int64_t K, DType dt, DType store, bool stream) {
+// How linear_stage holds its weight: the plain tensor, or gemm_only_f32's form (oneDNN's where it
+// has an fp32 brgemm, else gemm_nt's panels), or gemm_nt's panels forced.
+enum class WeightForm { Plain, F32Packed, F32Panels };
+
+StageRun linear_stage(const BenchContext& ctx, int64_t M, int64_t N, int64_t K, DType dt, DType store, bool stream,
+                      WeightForm form = WeightForm::Plain) {
   const ThreadPool& pool = ctx.pool();
   const double wbytes = double(N) * K * dtype_size(dt);
   const int copies = stream ? std::max(1, static_cast<int>(std::ceil(512.0 * (1 << 20) / wbytes))) : 1;
   auto ws = std::make_shared<std::vector<kern::LinearWeight>>();
   const Tensor w0 = random_tensor(pool, dt, {N, K}, 0.02f, 1);
   ws->emplace_back(w0);
+  if (form != WeightForm::Plain) (*ws)[0] = kern::gemm_only_f32((*ws)[0], pool, form == WeightForm::F32Packed);
   for (int c = 1; c < copies; ++c) {  // separate memory with the same values (generating is slower)
     Tensor wc = Tensor::empty(dt, {N, K});
     std::memcpy(wc.raw(), w0.raw(), w0.nbytes());
@@ -71,7 +77,10 @@ StageRun linear_stage(const BenchContext& ctx, int64_t M, int64_t N, int64_t K, 
             {"weight_dtype", dtype_name(dt)},
             {"store", dtype_name(store)},
             {"bytes_counts", stream ? "weight" : "weight+x+y"},
-            {"weight_copies", copies}};
+            {"weight_copies", copies},
+            {"weight_form", form == WeightForm::Plain                         ? "plain"
+                            : (*ws)[0].gemm_kind() == kern::GemmKind::F32Dnnl ? "onednn_packed"
+                                                                              : "gemm_nt_panels"}};
   return r;
 }
 
@@ -225,10 +234,33 @@ RegisterStage gemm_bf16{{
 
 RegisterStage gemm_f32{{
     .name = "gemm_f32_689x2048x8192",
-    .description = "kern::linear M=689 N=2048 K=8192, F32 weight and store (DiT ff_out as the fp32 reference "
-                   "profile runs it); bytes = weight + x + y",
+    .description = "kern::linear M=689 N=2048 K=8192, F32 weight and store, the plain weight (gemm_nt packs it "
+                   "on every call; the fp32 DiT holds it packed: gemm_f32_packed_*); bytes = weight + x + y",
     .needs_model = false,
     .setup = [](const BenchContext& ctx) { return linear_stage(ctx, 689, 2048, 8192, DType::F32, DType::F32, false); },
+}};
+
+RegisterStage gemm_f32_packed{{
+    .name = "gemm_f32_packed_1380x2048x8192",
+    .description = "kern::linear M=1380 N=2048 K=8192 on kern::gemm_only_f32's form, F32 store: ff_out as the fp32 "
+                   "DiT's Euler step (batch 2) runs it (oneDNN's fp32 brgemm on its packed layout where the CPU "
+                   "has one, else gemm_nt's panels; info weight_form); bytes = weight + x + y",
+    .needs_model = false,
+    .setup =
+        [](const BenchContext& ctx) {
+          return linear_stage(ctx, 1380, 2048, 8192, DType::F32, DType::F32, false, WeightForm::F32Packed);
+        },
+}};
+
+RegisterStage gemm_f32_panels{{
+    .name = "gemm_f32_panels_1380x2048x8192",
+    .description = "gemm_f32_packed_1380x2048x8192 on gemm_nt's pre-packed panels (gemm_only_f32 with onednn = "
+                   "false, as MM3_ONEDNN=0 runs the DiT); bytes = weight + x + y",
+    .needs_model = false,
+    .setup =
+        [](const BenchContext& ctx) {
+          return linear_stage(ctx, 1380, 2048, 8192, DType::F32, DType::F32, false, WeightForm::F32Panels);
+        },
 }};
 
 RegisterStage sgemm_blas{{
