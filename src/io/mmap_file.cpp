@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 #include "core/errors.h"
@@ -39,6 +40,16 @@ std::shared_ptr<const MappedFile> MappedFile::open(const std::string& path) {
   }
   ::close(fd);
   return m;
+}
+
+bool populate_read(const void* p, size_t n) {
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22  // linux/mman.h; older C library headers lack it
+#endif
+  if (n == 0) return true;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t b = reinterpret_cast<uintptr_t>(p) / page * page, e = reinterpret_cast<uintptr_t>(p) + n;
+  return ::madvise(reinterpret_cast<void*>(b), e - b, MADV_POPULATE_READ) == 0;
 }
 
 MappedFile::~MappedFile() {

@@ -134,6 +134,7 @@ const DiT::Weights& DiT::weights(DType compute, const ThreadPool& pool) const {
       double gb = 0;
       auto pack = [&](kern::LinearWeight& lw) {
         const Tensor src = lw.weight();
+        populate_mapped_pages(src, &pool);
         lw = kern::gemm_only_f32(lw, pool);
         gb += lw.weight_bytes() / 1e9;
         release_mapped_pages(src);
@@ -143,6 +144,7 @@ const DiT::Weights& DiT::weights(DType compute, const ThreadPool& pool) const {
         // q | k | v as one [3D, D] GEMM, as in the bf16 profile (one pass over the normed rows, and a
         // dense [tokens, 3D] output, which oneDNN's brgemm needs); gemm_nt's panels give each output the
         // same FMA chain either way.
+        for (auto* lw : {&bl.q, &bl.k, &bl.v}) populate_mapped_pages(lw->weight(), &pool);
         bl.qkv = concat_rows({&bl.q, &bl.k, &bl.v}, DType::F32);
         for (auto* lw : {&bl.q, &bl.k, &bl.v}) {
           release_mapped_pages(lw->weight());

@@ -81,6 +81,10 @@ bool weights_stay_mapped();
 // Drops the pages of a file-mapped view from this process (they stay in the page cache, reclaimable;
 // the view still reads the file): for a weight whose copy is what gets used. No-op for an owned tensor.
 void release_mapped_pages(const Tensor& w);
+// Faults in the pages of a file-mapped view before a pass reads all of it (io/mmap_file.h populate_read;
+// 8 MiB pieces over the pool's threads when given): the packing or quantizing at load then reads memory
+// instead of taking a fault per 64 KiB. No-op for an owned tensor.
+void populate_mapped_pages(const Tensor& w, const ThreadPool* pool);
 
 // For `mm3 quantize`: the sidecar tensors and metadata entries of one quantized Linear.
 void append_quant_tensors(const std::string& key, const kern::LinearWeight& w,

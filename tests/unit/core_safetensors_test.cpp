@@ -3,9 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <vector>
 
 #include "core_test_util.h"
+#include "io/mmap_file.h"
 #include "io/safetensors.h"
+#include "model/quant_weights.h"
 
 namespace mm3 {
 namespace {
@@ -176,6 +180,87 @@ TEST(Safetensors, GoldenCheckpointLayout) {
   TensorStore voc = TensorStore::open_dir((ck / "vocoder").string());
   EXPECT_FALSE(voc.sharded());
   EXPECT_EQ(voc.names().size(), 121u);
+}
+
+// Pages of [p, p + n) (4 KiB, p page-aligned) that are mapped in this process now: the present bit
+// (63) of their /proc/self/pagemap entries. -1 when pagemap cannot be read.
+long present_pages(const void* p, size_t n) {
+  std::ifstream pm("/proc/self/pagemap", std::ios::binary);
+  if (!pm) return -1;
+  const size_t first = reinterpret_cast<uintptr_t>(p) / 4096, count = (n + 4095) / 4096;
+  std::vector<uint64_t> e(count);
+  pm.seekg(static_cast<std::streamoff>(first * 8));
+  if (!pm.read(reinterpret_cast<char*>(e.data()), static_cast<std::streamsize>(count * 8))) return -1;
+  long present = 0;
+  for (uint64_t v : e) present += (v >> 63) & 1;
+  return present;
+}
+
+// Sum of the byte at every 4 KiB page start of [p, p + n).
+uint64_t page_sum(const unsigned char* p, size_t n) {
+  uint64_t s = 0;
+  for (size_t i = 0; i < n; i += 4096) s += p[i];
+  return s;
+}
+
+// 48 MiB whose byte at offset i is (i / 4096) * 7 + 3 mod 256, and its page_sum.
+std::string paged_bytes(uint64_t* sum) {
+  std::string bytes(size_t(48) << 20, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>((i / 4096 * 7 + 3) & 0xFF);
+  *sum = page_sum(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size());
+  return bytes;
+}
+
+// populate_read maps every page of the range in one call (a pass then takes no page faults): none of a
+// fresh mapping's pages are present before, all are after, and the bytes are the file's. RED: a
+// populate_read that returns true without the madvise leaves the pages absent.
+TEST(MappedFile, PopulateReadMapsEveryPageOfTheRange) {
+  TempDir d;
+  const std::string p = d.file("pages.bin");
+  uint64_t want = 0;
+  write_bytes(p, paged_bytes(&want));
+  auto m = MappedFile::open(p);
+  const long pages = static_cast<long>(m->size() / 4096);
+  const long before = present_pages(m->data(), m->size());
+  if (before < 0) GTEST_SKIP() << "/proc/self/pagemap is not readable here";
+  EXPECT_EQ(before, 0);
+  if (!populate_read(m->data(), m->size())) GTEST_SKIP() << "this kernel has no MADV_POPULATE_READ (Linux < 5.14)";
+  EXPECT_EQ(present_pages(m->data(), m->size()), pages);
+  EXPECT_EQ(page_sum(m->data(), m->size()), want);
+  // An unaligned start and an empty range are accepted.
+  EXPECT_TRUE(populate_read(m->data() + 123, 4000));
+  EXPECT_TRUE(populate_read(m->data(), 0));
+}
+
+// populate_mapped_pages does it for a borrowed tensor over the pool's threads (8 MiB pieces: the last
+// one partial here); an owned tensor is left alone.
+TEST(MappedFile, PopulateMappedPagesOfABorrowedTensor) {
+  TempDir d;
+  const std::string p = d.file("w.safetensors");
+  uint64_t want = 0;
+  std::string payload = paged_bytes(&want);
+  payload.resize(payload.size() - 3 * 4096);  // 47.98 MiB: not a whole number of 8 MiB pieces
+  want = page_sum(reinterpret_cast<const unsigned char*>(payload.data()), payload.size());
+  // The header is padded so that the payload starts on a page of the file.
+  std::string header = R"({"w":{"dtype":"F32","shape":[)" + std::to_string(payload.size() / 4) +
+                       R"(],"data_offsets":[0,)" + std::to_string(payload.size()) + "]}}";
+  header.append(4096 - 8 - header.size(), ' ');
+  write_bytes(p, safetensors_bytes(header, payload));
+  SafetensorsFile f(p);
+  const Tensor w = f.get("w");
+  ASSERT_TRUE(w.is_borrowed());
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(w.raw()) % 4096, 0u);
+  const auto* bytes = static_cast<const unsigned char*>(w.raw());
+  if (present_pages(bytes, w.nbytes()) < 0) GTEST_SKIP() << "/proc/self/pagemap is not readable here";
+  if (!populate_read(bytes, 1)) GTEST_SKIP() << "this kernel has no MADV_POPULATE_READ (Linux < 5.14)";
+  ThreadPool pool(2);
+  populate_mapped_pages(w, &pool);
+  EXPECT_EQ(present_pages(bytes, w.nbytes()), static_cast<long>(w.nbytes() / 4096));
+  EXPECT_EQ(page_sum(bytes, w.nbytes()), want);
+  const Tensor owned = Tensor::from_f32({1, 2, 3}, {3});
+  populate_mapped_pages(owned, &pool);
+  populate_mapped_pages(owned, nullptr);
+  EXPECT_EQ(owned.to_f32_vector(), (std::vector<float>{1, 2, 3}));
 }
 
 }  // namespace

@@ -54,7 +54,8 @@ const dnnl::engine& cpu_engine() {
 
 struct DnnlForm {
   dnnl::memory::desc md;  // the packed layout
-  dnnl::memory mem;       // owns the packed weights (bf16 or f32)
+  Tensor storage;         // the packed weights' bytes (huge pages, core/tensor.cpp)
+  dnnl::memory mem;       // the packed weights (bf16 or f32), a view of storage
   dt type = dt::bf16;     // of the weights and of x
   int64_t N = 0, K = 0;
   bool bias = false;
@@ -93,7 +94,15 @@ std::shared_ptr<DnnlForm> pack_dnnl(const Tensor& plain, dt type, bool bias) {
     if (impl.rfind("brg", 0) != 0) return nullptr;
     auto f = std::make_shared<DnnlForm>();
     f->md = pd.weights_desc();
-    f->mem = dnnl::memory(f->md, cpu_engine());
+    // Our allocation, not oneDNN's: Tensor::empty puts a large one on transparent huge pages, which
+    // oneDNN's 64-byte-aligned malloc does not get where THP is "madvise" (Debian's default). 4 KiB pages
+    // made the fp32 DiT's first-forward packing mostly page faults and page clearing (9.7 GB:
+    // ~2.4 M faults; perf: clear_page + the hypervisor's fault path ~47% of its samples).
+    const size_t bytes = f->md.get_size();
+    const size_t es = type == dt::f32 ? 4 : 2;
+    f->storage =
+        Tensor::empty(type == dt::f32 ? DType::F32 : DType::BF16, {static_cast<int64_t>((bytes + es - 1) / es)});
+    f->mem = dnnl::memory(f->md, cpu_engine(), f->storage.raw());
     f->type = type;
     f->N = N;
     f->K = K;
