@@ -164,12 +164,20 @@ const DiT::Weights& DiT::weights(DType compute, const ThreadPool& pool) const {
     w->fourier = rounded(s.fourier);
     // Weights only ever multiplied as GEMMs (rows = tokens) are held in the backend's blocked bf16
     // form (kernels.h gemm_only_bf16: oneDNN); the time MLP runs with M = batch, a GEMV.
+    // The fp32 sources are faulted in before each conversion and their mapped pages dropped after it
+    // (as the fp32 packing does): they are read once here, and an fp32 forward would read the files again.
+    auto packed = [&](const kern::LinearWeight& lw) {
+      populate_mapped_pages(lw.weight(), &pool);
+      kern::LinearWeight r = kern::gemm_only_bf16(lw);
+      release_mapped_pages(lw.weight());
+      return r;
+    };
     w->t1 = to_bf16(s.t1);
     w->t2 = to_bf16(s.t2);
-    w->pre = kern::gemm_only_bf16(s.pre);
-    w->proj_in = kern::gemm_only_bf16(s.proj_in);
-    w->proj_out = kern::gemm_only_bf16(s.proj_out);
-    w->post = kern::gemm_only_bf16(s.post);
+    w->pre = packed(s.pre);
+    w->proj_in = packed(s.proj_in);
+    w->proj_out = packed(s.proj_out);
+    w->post = packed(s.post);
     for (const auto& sb : s.blocks) {
       Weights::Block bl;
       bl.ln1_w = rounded(sb.ln1_w);
@@ -179,10 +187,12 @@ const DiT::Weights& DiT::weights(DType compute, const ThreadPool& pool) const {
       // One GEMM for q | k | v (N = 3D): it reads the normed rows once, and its output rows are already
       // the [q | k | v] layout attention takes. Same bits as three calls (oneDNN's K order per output
       // does not depend on N; checked at the real shapes, M = 690 and 1380).
+      for (const auto* lw : {&sb.q, &sb.k, &sb.v}) populate_mapped_pages(lw->weight(), &pool);
       bl.qkv = kern::gemm_only_bf16(concat_rows({&sb.q, &sb.k, &sb.v}, DType::BF16));
-      bl.o = kern::gemm_only_bf16(sb.o);
-      bl.ff_in = kern::gemm_only_bf16(sb.ff_in);
-      bl.ff_out = kern::gemm_only_bf16(sb.ff_out);
+      for (const auto* lw : {&sb.q, &sb.k, &sb.v}) release_mapped_pages(lw->weight());
+      bl.o = packed(sb.o);
+      bl.ff_in = packed(sb.ff_in);
+      bl.ff_out = packed(sb.ff_out);
       w->blocks.push_back(std::move(bl));
     }
     bf16_ = std::move(w);
