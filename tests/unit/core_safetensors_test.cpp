@@ -1,5 +1,6 @@
 // core_safetensors_test.cpp — safetensors validation (every defect is a clear BadModel, never UB),
-// zero-copy views, sharded checkpoints through the index, and the golden checkpoint's layout.
+// zero-copy views, sharded checkpoints through the index, the golden checkpoint's layout, and faulting a mapping
+// in before a pass (populate_read, populate_mapped_pages).
 #include <gtest/gtest.h>
 
 #include <filesystem>
