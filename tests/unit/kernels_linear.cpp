@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
+#include <memory>
 #include <tuple>
 #include <vector>
 
+#include "core/aligned.h"
 #include "kernels/kernels.h"
 #include "kernels/ref/ref_kernels.h"
 #include "kernels_util.h"
@@ -161,6 +164,46 @@ TEST(KernelsLinear, DeterministicAndThreadCountIndependent) {
         EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "two identical calls differ";
         EXPECT_EQ(std::memcmp(a.data(), c.data(), a.size() * 4), 0) << "1 and 2 threads differ";
       }
+}
+
+// A bf16 weight used in place from a safetensors file starts wherever the file's header put it (the
+// real checkpoint: 16 or 48 bytes past a cache line). Its GEMV (M <= 4) builds each block from the
+// aligned lines it overlaps when that offset is whole 4-byte units and K a multiple of 32 (linear.cpp,
+// gemv_rows_bf16): the outputs must be bitwise those of the same weight on a line, for every offset.
+// The data are DeterministicAndThreadCountIndependent's (cancelling sums), so a block taken from the
+// wrong bytes or summed in another order changes bits even through the bf16 store. RED: shifting the
+// permute's index by one element pair (idx base SH - 1) fails every offset > 0 with K = 96.
+TEST(KernelsLinear, Bf16GemvSameBitsWhereverTheWeightSitsInALine) {
+  ThreadPool pool(2);
+  Rng rng(123);
+  const int64_t N = 13;
+  for (int64_t K : {96, 64, 517})
+    for (int64_t M : {1, 2, 3, 4}) {
+      std::vector<float> x = rng.vec(static_cast<size_t>(M * K), -1.f, 1.f, true);
+      for (auto& v : x) v = std::ldexp(v, static_cast<int>(rng.int_in(-12, 12)));
+      std::vector<float> wv = rng.vec(static_cast<size_t>(N * K), -1.f, 1.f, true);
+      for (int64_t n = 0; n < N; ++n) {
+        double part = 0;
+        for (int64_t k = 0; k < K - 3; ++k) part += double(x[k]) * wv[n * K + k];
+        for (int64_t k = K - 3; k < K; ++k) {
+          wv[n * K + k] = round_bf16(static_cast<float>(-part / x[k]));
+          part += double(x[k]) * wv[n * K + k];
+        }
+      }
+      const Tensor plain = Tensor::from_f32(wv, {N, K}).to(DType::BF16);
+      std::vector<float> want(static_cast<size_t>(M * N));
+      kern::linear(pool, x.data(), M, K, kern::LinearWeight(plain), want.data(), N, DType::BF16);
+      for (int64_t at = 2; at < 64; at += 2) {  // bytes past a cache line
+        SCOPED_TRACE(::testing::Message() << "K=" << K << " M=" << M << " weight at line + " << at << " B");
+        auto buf = std::make_shared<aligned_vector<uint16_t>>(static_cast<size_t>(N * K + 64), uint16_t(0xFFC1));
+        uint16_t* w = buf->data() + at / 2;
+        std::memcpy(w, plain.raw(), plain.nbytes());
+        const Tensor placed = Tensor::borrow(DType::BF16, {N, K}, w, buf);
+        std::vector<float> got(want.size(), -7.f);
+        kern::linear(pool, x.data(), M, K, kern::LinearWeight(placed), got.data(), N, DType::BF16);
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0);
+      }
+    }
 }
 
 // The GEMM path (M > 4) with fp32 products (F32 weights, or BF16 weights with an F32 store) keeps every
