@@ -19,10 +19,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/aligned.h"
@@ -262,21 +264,19 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16"), no_sanit
 }
 
 // The line-aligned loads need every row to start at the same offset within a line (K a multiple of
-// 32) and that offset to be whole 4-byte units; other weights take the straddling loads.
+// 32) and that offset to be whole 4-byte units; other weights take the straddling loads (SH 0).
+using GemvBf16SpanFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, int64_t, float*, int64_t);
+template <int M, size_t... SH>
+constexpr std::array<GemvBf16SpanFn, sizeof...(SH)> gemv_bf16_spans(std::index_sequence<SH...>) {
+  return {gemv_bf16_span<M, static_cast<int>(SH)>...};
+}
+
 template <int M>
 void gemv_avx512bf16(const uint16_t* xb, int64_t Kp, const uint16_t* w, int64_t K, int64_t n0, int64_t n1, float* sums,
                      int64_t N) {
+  static constexpr auto spans = gemv_bf16_spans<M>(std::make_index_sequence<16>{});
   const auto at = reinterpret_cast<uintptr_t>(w) % 64;
-  switch (K % 32 == 0 && at % 4 == 0 ? static_cast<int>(at / 4) : 0) {
-#define MM3_GEMV_SH(v) \
-  case v:              \
-    return gemv_bf16_span<M, v>(xb, Kp, w, K, n0, n1, sums, N);
-    MM3_GEMV_SH(1)
-    MM3_GEMV_SH(2) MM3_GEMV_SH(3) MM3_GEMV_SH(4) MM3_GEMV_SH(5) MM3_GEMV_SH(6) MM3_GEMV_SH(7) MM3_GEMV_SH(8)
-        MM3_GEMV_SH(9) MM3_GEMV_SH(10) MM3_GEMV_SH(11) MM3_GEMV_SH(12) MM3_GEMV_SH(13) MM3_GEMV_SH(14) MM3_GEMV_SH(15)
-#undef MM3_GEMV_SH
-            default : return gemv_bf16_span<M, 0>(xb, Kp, w, K, n0, n1, sums, N);
-  }
+  spans[K % 32 == 0 && at % 4 == 0 ? at / 4 : 0](xb, Kp, w, K, n0, n1, sums, N);
 }
 
 constexpr int64_t kGemvPfBytes = 1024;
