@@ -167,12 +167,13 @@ TEST(KernelsLinear, DeterministicAndThreadCountIndependent) {
 }
 
 // A bf16 weight used in place from a safetensors file starts wherever the file's header put it (the
-// real checkpoint: 16 or 48 bytes past a cache line). Its GEMV (M <= 4) builds each block from the
-// aligned lines it overlaps when that offset is whole 4-byte units and K a multiple of 32 (linear.cpp,
-// gemv_rows_bf16): the outputs must be bitwise those of the same weight on a line, for every offset.
-// The data are DeterministicAndThreadCountIndependent's (cancelling sums), so a block taken from the
-// wrong bytes or summed in another order changes bits even through the bf16 store. RED: shifting the
-// permute's index by one element pair (idx base SH - 1) fails every offset > 0 with K = 96.
+// synthetic full checkpoint: 16 or 48 bytes past a cache line). Its GEMV (M <= 4) builds each block
+// from the aligned lines it overlaps when that offset is whole 4-byte units and K a multiple of 32
+// (linear.cpp, gemv_rows_bf16; AVX512-BF16 CPUs, elsewhere the contract holds trivially): the outputs
+// must be bitwise those of the same weight on a line, for every offset. The data are
+// DeterministicAndThreadCountIndependent's (cancelling sums), so a block taken from the wrong bytes or
+// summed in another order changes bits even through the bf16 store. RED: shifting the permute's index
+// by one element pair (idx base SH - 1) fails 120 cases (every 4-byte offset, K 96 and 64, M 1-4).
 TEST(KernelsLinear, Bf16GemvSameBitsWhereverTheWeightSitsInALine) {
   ThreadPool pool(2);
   Rng rng(123);

@@ -190,8 +190,8 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) void gemv_avx512(c
 // others, only with a different (fixed) summation order. Blocks are 32 bf16 (16 pairs).
 //
 // SH: where the weight rows start within a cache line, in 4-byte units. Weights used in place from a
-// safetensors file sit wherever its header put them (the checkpoint's files: 16 or 48 bytes past a
-// line), so each 64-byte block load would straddle two lines; with SH > 0 the block is built from the
+// safetensors file sit wherever its header put them (the synthetic full checkpoint: 16 or 48 bytes
+// past a line), so each 64-byte block load would straddle two lines; with SH > 0 the block is built from the
 // two aligned lines it overlaps (VPERMT2D), which streams from memory like aligned rows do. Measured
 // on 2 Zen 5 cores, depth_frame with its weights copied 16 bytes off a line: vs_floor 1.39-1.54 vs
 // 1.14-1.34 aligned. The blocks, and so the sums and their order, are the same for every SH: same bits.
