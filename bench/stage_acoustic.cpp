@@ -62,7 +62,7 @@ StageRun dit_stage(const BenchContext& ctx, int batch, DType compute) {
     b->items.push_back(DitItem{b->x.data(), 0.5f, i == 0 ? b->cond.data() : nullptr});
     b->outp.push_back(b->out[size_t(i)].data());
   }
-  if (compute == DType::BF16) b->run(pool);  // builds the bf16 weight copies once (setup, not timed)
+  b->run(pool);  // packs the fp32 weights / builds the bf16 copies once (setup, not timed)
   const double S = double(kL + 1);
   const double D = c.inner_dim();
   const double params = static_cast<double>(st.total_params());
@@ -77,6 +77,7 @@ StageRun dit_stage(const BenchContext& ctx, int batch, DType compute) {
             {"tokens", kL + 1},
             {"batch", batch},
             {"compute", dtype_name(compute)},
+            {"fp32_strassen", b->dit->fp32_strassen()},
             {"params", params},
             {"bytes_counts", "weights once"},
             {"flops_counts", "2*params*tokens + 4*S^2*D*layers, per batch item"}};
@@ -85,8 +86,9 @@ StageRun dit_stage(const BenchContext& ctx, int batch, DType compute) {
 
 RegisterStage reg_dit_f32{{
     .name = "dit_forward_L689",
-    .description = "DiT::forward over one 689-latent window (690 tokens), batch 1 (one CFG branch), F32; "
-                   "bytes = F32 weights once; flops = 2*params*tokens + attention",
+    .description = "DiT::forward over one 689-latent window (690 tokens), batch 1 (one CFG branch), F32 "
+                   "(MM3_STRASSEN=1: the FF weights in Strassen's form, info fp32_strassen); bytes = F32 weights once; "
+                   "flops = 2*params*tokens + attention (the plain product's count)",
     .needs_model = true,
     .setup = [](const BenchContext& ctx) { return dit_stage(ctx, 1, DType::F32); },
 }};

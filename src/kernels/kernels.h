@@ -34,8 +34,8 @@ namespace mm3::kern {
 // Or a quantized weight (kernels/quant.h: Int8 / Q4 blocks): then weight() is an empty Tensor and
 // `linear` takes the quantized paths described in quant.h (bias as above).
 // The backend GEMM forms a LinearWeight may hold instead of its plain tensor (gemm_only_bf16,
-// gemm_only_f32 below).
-enum class GemmKind : uint8_t { None, Bf16Dnnl, F32Panels, F32Dnnl };
+// gemm_only_f32, gemm_strassen_f32 below).
+enum class GemmKind : uint8_t { None, Bf16Dnnl, F32Panels, F32Dnnl, F32Strassen };
 
 class LinearWeight {
  public:
@@ -104,6 +104,18 @@ LinearWeight gemm_only_bf16(const LinearWeight& w);
 // Either layout depends on the ISA this process dispatches to, so the form is built and used in one
 // process. Throws InternalError for a weight that is not plain F32.
 LinearWeight gemm_only_f32(const LinearWeight& w, const ThreadPool& pool, bool onednn = true);
+
+// An F32 weight for an fp32 computation, held as one level of Strassen's scheme (GemmKind::F32Strassen,
+// cpu/gemm_strassen.cpp): seven [N/2, K/2] combinations of W's quadrants, each a gemm_only_f32 form, so
+// that `linear` on it runs 7 GEMMs of 1/8 the work (plus passes that add x's and the products' blocks)
+// instead of one: 8-10% faster at the DiT's FF shapes on Zen 5 (M = 1380; the whole fp32 DiT forward
+// 2-3%, so the DiT takes it only on request, model/dit.h). The price: 7/4 of the weight's
+// memory, and the same product in another association (rounding error a small constant factor above a
+// plain fp32 GEMM's; still ~1e-6 relative where the reference's TF32 is ~1e-3). Deterministic, with the
+// products' thread behaviour (gemm_only_f32). `linear` on it takes every M, with any store. A weight
+// with an odd N or K gets gemm_only_f32's form instead. Throws InternalError for a weight that is not
+// plain F32.
+LinearWeight gemm_strassen_f32(const LinearWeight& w, const ThreadPool& pool, bool onednn = true);
 
 // y[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]), for m < M. x rows stride ldx >= in, y rows stride
 // ldy >= out. Accumulates in fp32; the result is rounded once to `store`. Small M (decode, M <= 2..4)

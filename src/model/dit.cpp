@@ -4,9 +4,11 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <numbers>
+#include <string>
 
 #include "core/log.h"
 #include "model/quant_weights.h"
@@ -116,6 +118,21 @@ DiT::DiT(const TensorStore& store, const DitConfig& cfg) : cfg_(cfg) {
 
 DiT::~DiT() = default;
 
+void DiT::set_fp32_strassen(bool on) const {
+  std::lock_guard<std::mutex> lock(weights_mu_);
+  strassen_wanted_ = on;
+}
+
+bool DiT::fp32_strassen_requested() {
+  const char* e = std::getenv("MM3_STRASSEN");
+  return e && std::string(e) == "1";
+}
+
+bool DiT::fp32_strassen() const {
+  std::lock_guard<std::mutex> lock(weights_mu_);
+  return strassen_used_;
+}
+
 const DiT::Weights& DiT::weights(DType compute, const ThreadPool& pool) const {
   if (compute != DType::F32 && compute != DType::BF16)
     throw InvalidInput(fmt::format("transformer: compute dtype must be F32 or BF16, not {}", dtype_name(compute)));
@@ -132,10 +149,12 @@ const DiT::Weights& DiT::weights(DType compute, const ThreadPool& pool) const {
       const auto t0 = std::chrono::steady_clock::now();
       auto w = std::make_unique<Weights>(*f32_);
       double gb = 0;
-      auto pack = [&](kern::LinearWeight& lw) {
+      bool strassen = strassen_wanted_;
+      if (const char* e = std::getenv("MM3_STRASSEN"); e && *e) strassen = std::string(e) == "1";
+      auto pack = [&](kern::LinearWeight& lw, bool s = false) {
         const Tensor src = lw.weight();
         populate_mapped_pages(src, &pool);
-        lw = kern::gemm_only_f32(lw, pool);
+        lw = s ? kern::gemm_strassen_f32(lw, pool) : kern::gemm_only_f32(lw, pool);
         gb += lw.weight_bytes() / 1e9;
         release_mapped_pages(src);
       };
@@ -150,10 +169,13 @@ const DiT::Weights& DiT::weights(DType compute, const ThreadPool& pool) const {
           release_mapped_pages(lw->weight());
           *lw = kern::LinearWeight();
         }
-        for (auto* lw : {&bl.qkv, &bl.o, &bl.ff_in, &bl.ff_out}) pack(*lw);
+        for (auto* lw : {&bl.qkv, &bl.o}) pack(*lw);
+        for (auto* lw : {&bl.ff_in, &bl.ff_out}) pack(*lw, strassen);
       }
       f32_packed_ = std::move(w);
-      MM3_LOG_INFO("transformer: fp32 GEMM weights ({:.1f} GB) packed in {:.1f} s", gb,
+      strassen_used_ = strassen;
+      MM3_LOG_INFO("transformer: fp32 GEMM weights ({:.1f} GB{}) packed in {:.1f} s", gb,
+                   strassen ? ", FF weights as Strassen's 7 blocks" : "",
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     return *f32_packed_;

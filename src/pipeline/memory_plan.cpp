@@ -9,6 +9,7 @@
 
 #include "core/errors.h"
 #include "model/checkpoint.h"
+#include "model/dit.h"
 
 namespace mm3 {
 
@@ -127,6 +128,12 @@ MemoryPlan plan_memory(const Checkpoint& ckpt, int64_t prompt_tokens, int64_t ma
     p.acoustic_weights = component_file_bytes(ckpt, "condition_encoder") + dit_bytes / 2 + voc_bytes + voc_bytes / 2;
   } else {
     p.acoustic_weights = component_file_bytes(ckpt, "condition_encoder") + dit_bytes + voc_bytes;
+    if (DiT::fp32_strassen_requested()) {
+      const uint64_t ff =
+          3ull * uint64_t(c.dit.num_layers) * uint64_t(c.dit.inner_dim()) * uint64_t(c.dit.ff_inner_dim);
+      p.acoustic_strassen_extra = ff * 3ull;  // 3/4 of their fp32 bytes (4 per weight): 7/4 in all
+      p.acoustic_weights += p.acoustic_strassen_extra;
+    }
   }
   // One window (200 frames -> 689 latents): the vocoder's largest stage activation (channels halve as
   // the length multiplies by each ratio) held in ~4 buffers, plus the DiT's batch-2 activations.

@@ -296,6 +296,73 @@ TEST(KernelsLinear, PrepackedF32IsOneSequentialFmaChain) {
     }
 }
 
+// gemm_strassen_f32 (gemm_strassen.cpp): one level of Strassen over gemm_only_f32 forms (panels and,
+// where oneDNN has a kernel, oneDNN's), against the exact product in double. Its products multiply sums
+// of x's and W's quadrant blocks, so the bound is per output: with X4[j] = the sum of |x| over the
+// output's row pair and both K halves at j (j < K/2), and W4[j] the same over its output pair,
+// |error| <= 4 (K/2 + 3) eps sum_j X4[j] W4[j] (four products, each a K/2-term fp32 sum of rounded
+// operand sums, then their combination), plus a bf16 ulp with a bf16 store. Odd M (a zero padding row),
+// ld > width, bias or not, 1 and 2 threads; an odd N or K gets gemm_only_f32's form. RED: a sign flipped
+// in one of the seven combinations (y_t2 = P2 - P4) gives errors of the outputs' own size (every case).
+TEST(KernelsLinear, StrassenF32WithinItsBound) {
+  ThreadPool p1(1), p2(2);
+  Rng rng(91);
+  for (auto [M, K, N] : {std::tuple<int64_t, int64_t, int64_t>{1, 2, 2},
+                         {2, 18, 34},
+                         {3, 66, 130},
+                         {7, 512, 64},
+                         {37, 130, 258},
+                         {64, 64, 1024},
+                         {130, 300, 96}})
+    for (bool onednn : {false, true})
+      for (bool with_bias : {false, true}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "M=" << M << " K=" << K << " N=" << N << " onednn=" << onednn << " bias=" << with_bias);
+        const kern::LinearWeight plain = make_weight(rng, N, K, DType::F32, with_bias, DType::F32);
+        const kern::LinearWeight w = kern::gemm_strassen_f32(plain, p2, onednn);
+        ASSERT_EQ(w.gemm_kind(), kern::GemmKind::F32Strassen);
+        EXPECT_EQ(w.weight().raw(), nullptr) << "the plain tensor is not kept";
+        EXPECT_EQ(w.out_features(), N);
+        EXPECT_EQ(w.in_features(), K);
+        const int64_t ldx = K + 3, ldy = N + 5, k = K / 2, mt = (M + 1) / 2, n = N / 2;
+        std::vector<float> x = rng.vec(static_cast<size_t>(M * ldx), -1.f, 1.f);
+        for (auto& v : x) v = std::ldexp(v, static_cast<int>(rng.int_in(-6, 6)));
+        auto xa = [&](int64_t m, int64_t kk) { return m < M ? std::fabs(double(x[size_t(m * ldx + kk)])) : 0.0; };
+        auto wa = [&](int64_t r, int64_t kk) { return std::fabs(double(weight_value(plain, r * K + kk))); };
+        const float* bias = plain.bias_f32();
+        for (const ThreadPool* pool : {&p1, &p2})
+          for (DType store : {DType::F32, DType::BF16}) {
+            Guarded y(M, N, ldy);
+            kern::linear(*pool, x.data(), M, ldx, w, y.data(), ldy, store);
+            EXPECT_EQ(y.touched_outside(), 0);
+            EXPECT_EQ(y.untouched_inside(), 0);
+            int64_t bad = 0;
+            for (int64_t m = 0; m < M; ++m)
+              for (int64_t c = 0; c < N; ++c) {
+                double exact = bias ? double(bias[c]) : 0.0;
+                for (int64_t kk = 0; kk < K; ++kk)
+                  exact += double(x[size_t(m * ldx + kk)]) * weight_value(plain, c * K + kk);
+                const int64_t mr = m % mt, cr = c % n;  // the row pair (mr, mt + mr), the output pair (cr, n + cr)
+                double s = 0;
+                for (int64_t j = 0; j < k; ++j)
+                  s += (xa(mr, j) + xa(mr, k + j) + xa(mt + mr, j) + xa(mt + mr, k + j)) *
+                       (wa(cr, j) + wa(cr, k + j) + wa(n + cr, j) + wa(n + cr, k + j));
+                double tol = 4.0 * (k + 3) * test::kEps32 * s + (bias ? test::kEps32 * std::fabs(bias[c]) : 0.0);
+                const float got = y.data()[m * ldy + c];
+                if (store == DType::BF16) tol += test::bf16_ulp(got);
+                if (!(std::fabs(double(got) - exact) <= tol) && bad++ < 3)
+                  ADD_FAILURE() << "y[" << m << ", " << c << "] = " << got << ", exact " << exact << ", bound " << tol;
+              }
+            EXPECT_EQ(bad, 0) << "threads=" << pool->size() << " store=" << test::store_name(store);
+          }
+      }
+  // An odd N or K: gemm_only_f32's form.
+  const kern::LinearWeight odd = make_weight(rng, 7, 4, DType::F32, false, DType::F32);
+  EXPECT_NE(kern::gemm_strassen_f32(odd, p2).gemm_kind(), kern::GemmKind::F32Strassen);
+  const kern::LinearWeight oddk = make_weight(rng, 4, 9, DType::F32, false, DType::F32);
+  EXPECT_NE(kern::gemm_strassen_f32(oddk, p2).gemm_kind(), kern::GemmKind::F32Strassen);
+}
+
 TEST(KernelsLinear, RejectsBadLeadingDims) {
   ThreadPool pool(1);
   Rng rng(5);

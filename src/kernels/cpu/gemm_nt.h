@@ -16,6 +16,10 @@
 #include "core/tensor.h"
 #include "core/thread_pool.h"
 
+namespace mm3::kern {
+class LinearWeight;
+}  // namespace mm3::kern
+
 namespace mm3::kern::detail {
 
 // C[m, n] = round_store(sum_k A[m, k] * B[n, k] + bias[n]) for m < M, n < N (C stride ldc; only those
@@ -72,6 +76,10 @@ std::shared_ptr<const void> dnnl_pack_f32(const Tensor& plain, bool bias, size_t
 // y[m, n] = store(sum_k x[m, k] W[n, k] + bias[n]) by oneDNN on that form (fp32 sums, its order).
 void dnnl_linear_f32(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const void* form,
                      const float* bias, float* y, int64_t ldy, DType store);
+
+// linear() on a gemm_strassen_f32 form (gemm_strassen.cpp).
+void strassen_linear(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const LinearWeight& w, float* y,
+                     int64_t ldy, DType store);
 
 // C [M, N] = A [M, K] · B [K, N], all dense row-major, bf16 x bf16 -> fp32 (no rounding), by oneDNN's
 // matmul. Returns false, computing nothing, when oneDNN is disabled (MM3_ONEDNN=0), the CPU lacks
