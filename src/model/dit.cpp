@@ -118,11 +118,6 @@ DiT::DiT(const TensorStore& store, const DitConfig& cfg) : cfg_(cfg) {
 
 DiT::~DiT() = default;
 
-void DiT::set_fp32_strassen(bool on) const {
-  std::lock_guard<std::mutex> lock(weights_mu_);
-  strassen_wanted_ = on;
-}
-
 bool DiT::fp32_strassen_requested() {
   const char* e = std::getenv("MM3_STRASSEN");
   return e && std::string(e) == "1";
@@ -149,8 +144,7 @@ const DiT::Weights& DiT::weights(DType compute, const ThreadPool& pool) const {
       const auto t0 = std::chrono::steady_clock::now();
       auto w = std::make_unique<Weights>(*f32_);
       double gb = 0;
-      bool strassen = strassen_wanted_;
-      if (const char* e = std::getenv("MM3_STRASSEN"); e && *e) strassen = std::string(e) == "1";
+      const bool strassen = fp32_strassen_requested();
       auto pack = [&](kern::LinearWeight& lw, bool s = false) {
         const Tensor src = lw.weight();
         populate_mapped_pages(src, &pool);

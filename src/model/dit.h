@@ -71,15 +71,13 @@ class DiT {
   struct Weights;  // one precision's weights (dit.cpp)
 
   // Whether the fp32 profile holds the FF weights (ff_in, ff_out: 3/4 of its GEMM work) as one level of
-  // Strassen (kern::gemm_strassen_f32), an opt-in: measured on 2 Zen 5 cores, the batch-2 fp32 forward
-  // 2-3% faster (the products save 1/8 of the FF work, the passes that add the blocks cost ~2% of the
+  // Strassen (kern::gemm_strassen_f32), an opt-in: MM3_STRASSEN=1 in the environment when the weights
+  // are packed (the first fp32 forward). Measured on 2 Zen 5 cores, the batch-2 fp32 forward 2-3%
+  // faster (the products save 1/8 of the FF work, the passes that add the blocks cost ~2% of the
   // forward), for 9.7 -> 15.1 GB of packed weights at the real shapes and outputs that move ~1e-6
-  // relative from the plain GEMMs'. Off unless asked for: set_fp32_strassen(true), or MM3_STRASSEN=1 in
-  // the environment (=0 forces it off; the environment wins; the memory plan counts the extra bytes).
-  // Takes effect at the first fp32 forward (when the weights are packed); later calls change nothing.
-  void set_fp32_strassen(bool on) const;
-  bool fp32_strassen() const;             // the form the packed weights took (false before the first fp32 forward)
+  // relative from the plain GEMMs'. The memory plan counts the extra bytes (pipeline/memory_plan.cpp).
   static bool fp32_strassen_requested();  // MM3_STRASSEN=1
+  bool fp32_strassen() const;             // the form the packed weights took (false before the first fp32 forward)
 
  private:
   // The weights for `compute`, prepared at the first call (pool: its workers): F32 packs the GEMM
@@ -91,7 +89,7 @@ class DiT {
   mutable std::unique_ptr<Weights> f32_packed_;    // f32_ with the GEMM weights pre-packed
   mutable std::unique_ptr<Weights> bf16_;
   mutable std::mutex weights_mu_;  // guards the one-time preparations
-  mutable bool strassen_wanted_ = false, strassen_used_ = false;  // under weights_mu_
+  mutable bool strassen_used_ = false;  // under weights_mu_
 };
 
 }  // namespace mm3

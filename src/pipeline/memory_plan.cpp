@@ -129,9 +129,13 @@ MemoryPlan plan_memory(const Checkpoint& ckpt, int64_t prompt_tokens, int64_t ma
   } else {
     p.acoustic_weights = component_file_bytes(ckpt, "condition_encoder") + dit_bytes + voc_bytes;
     if (DiT::fp32_strassen_requested()) {
-      const uint64_t ff =
-          3ull * uint64_t(c.dit.num_layers) * uint64_t(c.dit.inner_dim()) * uint64_t(c.dit.ff_inner_dim);
-      p.acoustic_strassen_extra = ff * 3ull;  // 3/4 of their fp32 bytes (4 per weight): 7/4 in all
+      // 3/4 of the FF weights' fp32 bytes (7/4 in all), and the calling thread's scratch for the 7 x halves
+      // and 7 products of a batch-2 window (kernels/cpu/gemm_strassen.cpp: ff_in [2F, D] has halves
+      // k = D / 2, n = F; ff_out [D, F] k = F / 2, n = D / 2), kept between calls.
+      const uint64_t D = uint64_t(c.dit.inner_dim()), F = uint64_t(c.dit.ff_inner_dim);
+      const uint64_t ff = 3ull * uint64_t(c.dit.num_layers) * D * F;
+      const uint64_t scratch = 7ull * 690ull * (std::max(D / 2, F / 2) + std::max(F, D / 2)) * 4ull;
+      p.acoustic_strassen_extra = ff * 3ull + scratch;
       p.acoustic_weights += p.acoustic_strassen_extra;
     }
   }

@@ -24,7 +24,7 @@ struct MemoryPlan {
   uint64_t ar_weights = 0, ar_cache = 0, ar_work = 0;           // LM + depth decoder stage
   uint64_t acoustic_weights = 0, acoustic_work = 0;             // condition encoder + DiT + vocoder
   // Part of acoustic_weights: what the fp32 DiT's FF weights add in Strassen's form (MM3_STRASSEN=1,
-  // model/dit.h: 3/4 of their fp32 bytes); 0 otherwise.
+  // model/dit.h: 3/4 of their fp32 bytes, plus the form's scratch); 0 otherwise.
   uint64_t acoustic_strassen_extra = 0;
   uint64_t limit = 0;                                           // the machine's (or cgroup's) memory
   std::string limit_source;                                     // "MemTotal", "cgroup", "MM3_MEMORY_LIMIT"

@@ -1,10 +1,12 @@
 // pipeline_memory_plan_test.cpp — plan_memory (memory_plan.h) counts what MM3_STRASSEN=1 adds: the fp32
 // DiT's FF weights (ff_in [2F, D], ff_out [D, F] per layer) in Strassen's form take 7/4 of their bytes,
-// so the acoustic stage's weights grow by 3 bytes per FF weight; nothing for the bf16 profile, nothing
-// without the variable. Uses the golden checkpoint (skips loudly without it).
+// so the acoustic stage's weights grow by 3 bytes per FF weight, plus the form's scratch (7 x halves
+// and 7 products of a batch-2 window: 690 rows); nothing for the bf16 profile, nothing without the
+// variable. Uses the golden checkpoint (skips loudly without it).
 // RED: a plan that leaves acoustic_weights alone under MM3_STRASSEN=1 fails the first expectation.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 
@@ -26,7 +28,10 @@ TEST(MemoryPlan, CountsTheStrassenFormOfTheFp32FfWeights) {
   if (!fs::exists(g / "manifest.json")) GTEST_SKIP() << "golden set not found at " << g;
   const Checkpoint ck((g / "checkpoint").string());
   const DitConfig& d = ck.configs().dit;
-  const uint64_t ff = 3ull * uint64_t(d.num_layers) * uint64_t(d.inner_dim()) * uint64_t(d.ff_inner_dim);
+  const uint64_t D = uint64_t(d.inner_dim()), F = uint64_t(d.ff_inner_dim);
+  const uint64_t ff = 3ull * uint64_t(d.num_layers) * D * F;
+  // ff_in [2F, D]: halves k = D / 2, n = F; ff_out [D, F]: k = F / 2, n = D / 2; fp32.
+  const uint64_t scratch = 7ull * 690ull * (std::max(D / 2, F / 2) + std::max(F, D / 2)) * 4ull;
   unsetenv("MM3_STRASSEN");
   const MemoryPlan plain = plan_memory(ck, 100, 50, DType::BF16, DType::F32);
   const MemoryPlan plain16 = plan_memory(ck, 100, 50, DType::BF16, DType::BF16);
@@ -34,8 +39,8 @@ TEST(MemoryPlan, CountsTheStrassenFormOfTheFp32FfWeights) {
   {
     EnvVar on("1");
     const MemoryPlan s = plan_memory(ck, 100, 50, DType::BF16, DType::F32);
-    EXPECT_EQ(s.acoustic_strassen_extra, 3 * ff);
-    EXPECT_EQ(s.acoustic_weights, plain.acoustic_weights + 3 * ff);
+    EXPECT_EQ(s.acoustic_strassen_extra, 3 * ff + scratch);
+    EXPECT_EQ(s.acoustic_weights, plain.acoustic_weights + 3 * ff + scratch);
     EXPECT_EQ(s.ar(), plain.ar());
     const MemoryPlan s16 = plan_memory(ck, 100, 50, DType::BF16, DType::BF16);
     EXPECT_EQ(s16.acoustic_weights, plain16.acoustic_weights) << "the bf16 profile has no Strassen form";
