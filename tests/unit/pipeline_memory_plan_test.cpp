@@ -3,7 +3,8 @@
 // so the acoustic stage's weights grow by 3 bytes per FF weight, plus the form's scratch (7 x halves
 // and 7 products of a batch-2 window: 690 rows); nothing for the bf16 profile, nothing without the
 // variable. Uses the golden checkpoint (skips loudly without it).
-// RED: a plan that leaves acoustic_weights alone under MM3_STRASSEN=1 fails the first expectation.
+// RED: a plan that sets acoustic_strassen_extra but leaves acoustic_weights alone fails the check of
+// acoustic_weights under MM3_STRASSEN=1.
 #include <gtest/gtest.h>
 
 #include <algorithm>
