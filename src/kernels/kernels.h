@@ -35,7 +35,7 @@ namespace mm3::kern {
 // `linear` takes the quantized paths described in quant.h (bias as above).
 // The backend GEMM forms a LinearWeight may hold instead of its plain tensor (gemm_only_bf16,
 // gemm_only_f32, gemm_strassen_f32 below).
-enum class GemmKind : uint8_t { None, Bf16Dnnl, F32Panels, F32Dnnl, F32Strassen };
+enum class GemmKind : uint8_t { None, Bf16Dnnl, F32Panels, F32Dnnl, F32Strassen, I8Dnnl };
 
 class LinearWeight {
  public:
@@ -116,6 +116,20 @@ LinearWeight gemm_only_f32(const LinearWeight& w, const ThreadPool& pool, bool o
 // with an odd N or K gets gemm_only_f32's form instead. Throws InternalError for a weight that is not
 // plain F32.
 LinearWeight gemm_strassen_f32(const LinearWeight& w, const ThreadPool& pool, bool onednn = true);
+
+// A W8A8 copy of a plain F32 / BF16 weight for a computation that accepts int8 rounding (the DiT's
+// opt-in int8 profile, model/dit.h): GemmKind::I8Dnnl, each weight row quantized once to 127 symmetric
+// levels with its own scale, and at every `linear` call each row of x likewise (dynamic, per token);
+// the integer products summed exactly in int32 by oneDNN's u8 x s8 brgemm (VNNI), then
+// y = store(fma(float(sum), sx[m]·sw[n], bias[n])) (cpu/gemm_i8.cpp states the scheme exactly;
+// ref::linear_i8 is its scalar twin, bitwise equal). Measured on 2 Zen 5 cores at the DiT's shapes,
+// the integer GEMM runs 2.1x oneDNN's bf16 and 4x its fp32. Its error is the quantization's: ~1%
+// relative per product on Gaussian data, far above fp32's or bf16's, so it is never a default. `linear`
+// on it takes every M with either store; bitwise deterministic and independent of the thread count
+// (the sums are exact). Returns an empty LinearWeight (out_features() 0) where oneDNN has no int8 brgemm
+// on this CPU (no AVX512-VNNI) or MM3_ONEDNN=0; the caller then keeps a float form. Throws BadModel for
+// a weight with a non-finite value.
+LinearWeight gemm_only_i8(const LinearWeight& w, const ThreadPool& pool);
 
 // y[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]), for m < M. x rows stride ldx >= in, y rows stride
 // ldy >= out. Accumulates in fp32; the result is rounded once to `store`. Small M (decode, M <= 2..4)

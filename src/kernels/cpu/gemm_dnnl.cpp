@@ -61,10 +61,15 @@ struct DnnlForm {
   bool bias = false;
 };
 
+// x's and y's types for weights of type w: bf16 / f32 -> the same and f32; s8 -> u8 (x offset by 128)
+// and s32 (the exact integer sums; gemm_i8.cpp scales them).
+dt src_type_for(dt w) { return w == dt::s8 ? dt::u8 : w; }
+dt dst_type_for(dt w) { return w == dt::s8 ? dt::s32 : dt::f32; }
+
 dnnl::matmul::primitive_desc make_pd(int64_t M, int64_t N, int64_t K, bool bias, const dnnl::memory::desc& w_md,
-                                     int64_t ldy, int64_t ldx, dt src_type) {
-  const dnnl::memory::desc src({M, K}, src_type, dnnl::memory::dims{ldx, 1});
-  const dnnl::memory::desc dst({M, N}, dt::f32, dnnl::memory::dims{ldy, 1});
+                                     int64_t ldy, int64_t ldx, dt w_type) {
+  const dnnl::memory::desc src({M, K}, src_type_for(w_type), dnnl::memory::dims{ldx, 1});
+  const dnnl::memory::desc dst({M, N}, dst_type_for(w_type), dnnl::memory::dims{ldy, 1});
   if (bias) {
     const dnnl::memory::desc b({1, N}, dt::f32, tag::ab);
     return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, w_md, b, dst), cpu_engine());
@@ -83,10 +88,9 @@ bool onednn_disabled() {
   return e && std::string(e) == "0";
 }
 
-// `plain` (contiguous [N, K] of type `type`) reordered into the layout oneDNN's brgemm wants for
+// `plain` (a contiguous [N, K] of type `type`) reordered into the layout oneDNN's brgemm wants for
 // [kPackM, K] x [K, N]; null where oneDNN offers no brgemm kernel for the shape.
-std::shared_ptr<DnnlForm> pack_dnnl(const Tensor& plain, dt type, bool bias) {
-  const int64_t N = plain.dim(0), K = plain.dim(1);
+std::shared_ptr<DnnlForm> pack_dnnl(const void* plain, int64_t N, int64_t K, dt type, bool bias) {
   try {
     const dnnl::memory::desc any({K, N}, type, tag::any);
     const auto pd = make_pd(kPackM, N, K, bias, any, N, K, type);
@@ -99,7 +103,7 @@ std::shared_ptr<DnnlForm> pack_dnnl(const Tensor& plain, dt type, bool bias) {
     // made the fp32 DiT's first-forward packing mostly page faults and page clearing (9.7 GB:
     // ~2.4 M faults; perf: clear_page + the hypervisor's fault path ~47% of its samples).
     const size_t bytes = f->md.get_size();
-    const size_t es = type == dt::f32 ? 4 : 2;
+    const size_t es = type == dt::f32 ? 4 : 2;  // s8 bytes are held in a BF16 tensor's storage
     f->storage =
         Tensor::empty(type == dt::f32 ? DType::F32 : DType::BF16, {static_cast<int64_t>((bytes + es - 1) / es)});
     f->mem = dnnl::memory(f->md, cpu_engine(), f->storage.raw());
@@ -108,7 +112,7 @@ std::shared_ptr<DnnlForm> pack_dnnl(const Tensor& plain, dt type, bool bias) {
     f->K = K;
     f->bias = bias;
     // W [N, K] row-major is the [K, N] matrix in column-major ("ba") order.
-    const dnnl::memory src(dnnl::memory::desc({K, N}, type, tag::ba), cpu_engine(), const_cast<void*>(plain.raw()));
+    const dnnl::memory src(dnnl::memory::desc({K, N}, type, tag::ba), cpu_engine(), const_cast<void*>(plain));
     dnnl::stream s(cpu_engine());
     dnnl::reorder(src, f->mem).execute(s, const_cast<dnnl::memory&>(src), f->mem);
     s.wait();
@@ -118,19 +122,12 @@ std::shared_ptr<DnnlForm> pack_dnnl(const Tensor& plain, dt type, bool bias) {
   }
 }
 
-// y = store(x · W^T + bias) on a packed form; x rows of stride ldx in the form's type.
-void run_dnnl(const ThreadPool& pool, const void* x, int64_t M, int64_t ldx, const DnnlForm& f, const float* bias,
-              float* y, int64_t ldy, bool round_y) {
+// yd [M, N] dense (f32, or s32 for s8 weights) = x · W^T (+ bias) on a packed form; x rows of stride
+// ldx in the form's source type.
+void exec_dnnl(const ThreadPool& pool, const void* x, int64_t M, int64_t ldx, const DnnlForm& f, const float* bias,
+               void* yd) {
   const int64_t N = f.N, K = f.K;
   omp_threads(pool);
-  // A strided destination (the DiT's q/k/v into [tokens, 3·D]): oneDNN 2.6's brgemm takes only a dense
-  // one and otherwise falls back to gemm:jit with the packed weights reordered to plain on every call
-  // (measured on Zen 4 at M = 1380, N = K = 2048: 33.9 + 2.7 ms against brgemm's 32.4). So the GEMM writes
-  // a dense scratch and the rounding pass below moves the rows into place.
-  thread_local aligned_vector<float> ybuf;
-  const bool dense = ldy == N;
-  if (!dense && ybuf.size() < static_cast<size_t>(M * N)) ybuf.resize(static_cast<size_t>(M * N));
-  float* const yd = dense ? y : ybuf.data();
   try {
     const auto pd = make_pd(M, N, K, f.bias, dnnl::memory::desc({K, N}, f.type, tag::any), N, ldx, f.type);
     const dnnl::engine& eng = cpu_engine();
@@ -148,8 +145,26 @@ void run_dnnl(const ThreadPool& pool, const void* x, int64_t M, int64_t ldx, con
     s.wait();
   } catch (const dnnl::error& e) {
     throw InternalError(fmt::format("linear: oneDNN {} matmul [{}, {}] x [{}, {}] failed: {}",
-                                    f.type == dt::f32 ? "fp32" : "bf16", M, K, N, K, e.what()));
+                                    f.type == dt::f32  ? "fp32"
+                                    : f.type == dt::s8 ? "int8"
+                                                       : "bf16",
+                                    M, K, N, K, e.what()));
   }
+}
+
+// y = store(x · W^T + bias) on a packed form; x rows of stride ldx in the form's type.
+void run_dnnl(const ThreadPool& pool, const void* x, int64_t M, int64_t ldx, const DnnlForm& f, const float* bias,
+              float* y, int64_t ldy, bool round_y) {
+  const int64_t N = f.N;
+  // A strided destination (the DiT's q/k/v into [tokens, 3·D]): oneDNN 2.6's brgemm takes only a dense
+  // one and otherwise falls back to gemm:jit with the packed weights reordered to plain on every call
+  // (measured on Zen 4 at M = 1380, N = K = 2048: 33.9 + 2.7 ms against brgemm's 32.4). So the GEMM writes
+  // a dense scratch and the rounding pass below moves the rows into place.
+  thread_local aligned_vector<float> ybuf;
+  const bool dense = ldy == N;
+  if (!dense && ybuf.size() < static_cast<size_t>(M * N)) ybuf.resize(static_cast<size_t>(M * N));
+  float* const yd = dense ? y : ybuf.data();
+  exec_dnnl(pool, x, M, ldx, f, bias, yd);
   if (dense && !round_y) return;
   pool.parallel_for(M, [&](int64_t b, int64_t e) {
     for (int64_t m = b; m < e; ++m) {
@@ -168,7 +183,7 @@ LinearWeight gemm_only_bf16(const LinearWeight& w) {
   const Tensor bias = w.has_bias() ? w.bias().to(DType::BF16) : Tensor();
   const int64_t N = w.out_features(), K = w.in_features();
   if (!detail::cpu_has_avx512bf16() || onednn_disabled()) return LinearWeight(plain, bias);
-  auto f = pack_dnnl(plain, dt::bf16, w.has_bias());
+  auto f = pack_dnnl(plain.raw(), N, K, dt::bf16, w.has_bias());
   if (!f) return LinearWeight(plain, bias);
   const size_t bytes = f->md.get_size();
   return LinearWeight(N, K, std::move(f), bytes, bias, GemmKind::Bf16Dnnl);
@@ -198,7 +213,7 @@ void dnnl_linear_bf16(const ThreadPool& pool, const float* x, int64_t M, int64_t
 
 std::shared_ptr<const void> dnnl_pack_f32(const Tensor& plain, bool bias, size_t& bytes) {
   if (onednn_disabled()) return nullptr;
-  auto f = pack_dnnl(plain, dt::f32, bias);
+  auto f = pack_dnnl(plain.raw(), plain.dim(0), plain.dim(1), dt::f32, bias);
   if (f) bytes = f->md.get_size();
   return f;
 }
@@ -206,6 +221,17 @@ std::shared_ptr<const void> dnnl_pack_f32(const Tensor& plain, bool bias, size_t
 void dnnl_linear_f32(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const void* form,
                      const float* bias, float* y, int64_t ldy, DType store) {
   run_dnnl(pool, x, M, ldx, *static_cast<const DnnlForm*>(form), bias, y, ldy, store == DType::BF16);
+}
+
+std::shared_ptr<const void> dnnl_pack_i8(const int8_t* plain, int64_t N, int64_t K, size_t& bytes) {
+  if (onednn_disabled()) return nullptr;
+  auto f = pack_dnnl(plain, N, K, dt::s8, /*bias=*/false);
+  if (f) bytes = f->md.get_size();
+  return f;
+}
+
+void dnnl_matmul_i8(const ThreadPool& pool, const uint8_t* xq, int64_t M, int64_t ldx, const void* form, int32_t* acc) {
+  exec_dnnl(pool, xq, M, ldx, *static_cast<const DnnlForm*>(form), nullptr, acc);
 }
 
 bool dnnl_bf16_available() { return cpu_has_avx512bf16() && !onednn_disabled(); }

@@ -469,6 +469,10 @@ void linear(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, cons
     detail::dnnl_linear_bf16(pool, x, M, ldx, w.gemm_form(), w.bias_f32(), y, ldy);
     return;
   }
+  if (w.gemm_kind() == GemmKind::I8Dnnl) {  // gemm_only_i8: W8A8 through oneDNN's int8 brgemm (gemm_i8.cpp)
+    detail::i8_linear(pool, x, M, ldx, w, y, ldy, store);
+    return;
+  }
   if (w.gemm_kind() == GemmKind::F32Strassen) {  // gemm_strassen_f32: 7 GEMMs on its forms (gemm_strassen.cpp)
     detail::strassen_linear(pool, x, M, ldx, w, y, ldy, store);
     return;

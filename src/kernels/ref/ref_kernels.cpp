@@ -41,6 +41,49 @@ void linear(const ThreadPool&, const float* x, int64_t M, int64_t ldx, const Lin
     }
 }
 
+namespace {
+
+// One row on 127 symmetric levels: q[k] = clamp(rint(v[k] · (127 / a)), ±127), a = max |v|; returns
+// a / 127 (0 for a zero row, NaN for a row with a non-finite value, whose q are then 0).
+float quantize_127(const std::vector<float>& v, std::vector<int>& q) {
+  float a = 0.0f;
+  bool finite = true;
+  for (float e : v) {
+    finite = finite && std::isfinite(e);
+    a = std::max(a, std::fabs(e));
+  }
+  q.assign(v.size(), 0);
+  if (!finite) return NAN;
+  if (a == 0.0f) return 0.0f;
+  const float inv = 127.0f / a;
+  for (size_t k = 0; k < v.size(); ++k)
+    q[k] = static_cast<int>(std::clamp(std::nearbyint(v[k] * inv), -127.0f, 127.0f));
+  return a / 127.0f;
+}
+
+}  // namespace
+
+void linear_i8(const float* x, int64_t M, int64_t ldx, const Tensor& weight, const Tensor& bias, float* y, int64_t ldy,
+               DType store) {
+  const int64_t N = weight.dim(0), K = weight.dim(1);
+  const std::vector<float> w = weight.to_f32_vector();
+  const std::vector<float> b = bias.raw() ? bias.to_f32_vector() : std::vector<float>();
+  std::vector<std::vector<int>> qw(static_cast<size_t>(N));
+  std::vector<float> sw(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n)
+    sw[n] = quantize_127(std::vector<float>(w.begin() + n * K, w.begin() + (n + 1) * K), qw[n]);
+  std::vector<int> qx;
+  for (int64_t m = 0; m < M; ++m) {
+    const float sx = quantize_127(std::vector<float>(x + m * ldx, x + m * ldx + K), qx);
+    for (int64_t n = 0; n < N; ++n) {
+      int64_t acc = 0;  // the signed products: the kernel's u8 offset and its compensation cancel exactly
+      for (int64_t k = 0; k < K; ++k) acc += int64_t{qx[k]} * qw[n][k];
+      const float v = std::fma(static_cast<float>(acc), sx * sw[n], b.empty() ? 0.0f : b[n]);
+      y[m * ldy + n] = store == DType::BF16 ? round_bf16(v) : v;
+    }
+  }
+}
+
 void gemm_f32(const ThreadPool&, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
               const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   for (int64_t m = 0; m < M; ++m)

@@ -1,0 +1,173 @@
+// kernels_linear_i8.cpp — kern::gemm_only_i8 (W8A8 through oneDNN's int8 brgemm, cpu/gemm_i8.cpp)
+// through kern::linear:
+// * bitwise equal to its scalar twin ref::linear_i8 (the integer sums are exact, so any order gives
+//   the same bits) at odd sizes (M = 1 .. 130, N and K off every block size, K = 1), with and without
+//   bias, store F32 and BF16, F32 and BF16 source weights, strided x / y with guard zones;
+// * rows that are all zero (the bias alone) and rows with a NaN / Inf (NaN outputs, other rows intact);
+// * bitwise equal on 1 and 2 threads, and run to run;
+// * within the quantization's error of the exact fp32 product (a scheme wrong in a way its twin shares,
+//   e.g. a scale off by a level or a lost offset, fails here).
+// Skips (loudly) where oneDNN has no int8 brgemm on this CPU (no AVX512-VNNI), where gemm_only_i8
+// returns an empty weight.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include "kernels/ref/ref_kernels.h"
+#include "kernels_util.h"
+
+namespace mm3 {
+namespace {
+
+using test::Guarded;
+using test::Rng;
+
+#define MM3_REQUIRE_I8(w)                                                                           \
+  if ((w).gemm_kind() != kern::GemmKind::I8Dnnl)                                                    \
+  GTEST_SKIP() << "oneDNN offers no int8 brgemm on this CPU (needs AVX512-VNNI), or MM3_ONEDNN=0: " \
+                  "gemm_only_i8 returned no form"
+
+kern::LinearWeight make_weight(Rng& rng, int64_t N, int64_t K, bool bias, DType dt) {
+  Tensor w = Tensor::from_f32(rng.vec(static_cast<size_t>(N * K), -1.f, 1.f), {N, K}).to(dt);
+  Tensor b;
+  if (bias) b = Tensor::from_f32(rng.vec(static_cast<size_t>(N), -1.f, 1.f), {N});
+  return kern::LinearWeight(w, b);
+}
+
+// Bits of got (stride ldg) that differ from want (dense [M, N]); NaN equals NaN.
+int64_t bit_mismatches(const float* got, int64_t ldg, const std::vector<float>& want, int64_t M, int64_t N) {
+  int64_t bad = 0;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      const float g = got[m * ldg + n], e = want[static_cast<size_t>(m * N + n)];
+      if (std::isnan(g) && std::isnan(e)) continue;
+      if (f32_bits(g) != f32_bits(e)) {
+        if (bad < 3) ADD_FAILURE() << "y[" << m << ", " << n << "] = " << g << ", the twin has " << e;
+        ++bad;
+      }
+    }
+  return bad;
+}
+
+struct Case {
+  int64_t M, K, N;
+};
+
+TEST(KernelsLinearI8, BitwiseEqualToTheTwinOddSizes) {
+  const Case cases[] = {{1, 37, 29},    {2, 64, 33},   {4, 97, 7}, {5, 37, 29}, {7, 100, 3},  {37, 129, 65},
+                        {64, 300, 130}, {130, 64, 96}, {3, 1, 5},  {9, 33, 1},  {600, 48, 40}};
+  ThreadPool pool(2);
+  uint64_t seed = 11;
+  for (const Case& c : cases)
+    for (bool with_bias : {false, true})
+      for (DType wdt : {DType::F32, DType::BF16})
+        for (DType store : {DType::F32, DType::BF16}) {
+          SCOPED_TRACE(::testing::Message() << "M=" << c.M << " K=" << c.K << " N=" << c.N << " bias=" << with_bias
+                                            << " w=" << dtype_name(wdt) << " store=" << dtype_name(store));
+          Rng rng(seed++);
+          const kern::LinearWeight plain = make_weight(rng, c.N, c.K, with_bias, wdt);
+          const kern::LinearWeight w = kern::gemm_only_i8(plain, pool);
+          MM3_REQUIRE_I8(w);
+          EXPECT_EQ(w.weight().raw(), nullptr) << "the plain tensor must not be kept";
+          EXPECT_EQ(w.out_features(), c.N);
+          EXPECT_EQ(w.in_features(), c.K);
+          const int64_t ldx = c.K + 3, ldy = c.N + 5;
+          std::vector<float> x = rng.vec(static_cast<size_t>(c.M * ldx), -2.f, 2.f);
+          Guarded y(c.M, c.N, ldy);
+          kern::linear(pool, x.data(), c.M, ldx, w, y.data(), ldy, store);
+          std::vector<float> want(static_cast<size_t>(c.M * c.N));
+          ref::linear_i8(x.data(), c.M, ldx, plain.weight(), plain.bias(), want.data(), c.N, store);
+          EXPECT_EQ(bit_mismatches(y.data(), ldy, want, c.M, c.N), 0);
+          EXPECT_EQ(y.touched_outside(), 0);
+          EXPECT_EQ(y.untouched_inside(), 0);
+        }
+}
+
+TEST(KernelsLinearI8, ZeroAndNonFiniteRows) {
+  ThreadPool pool(2);
+  Rng rng(5);
+  const int64_t M = 6, K = 70, N = 35;
+  const kern::LinearWeight plain = make_weight(rng, N, K, /*bias=*/true, DType::F32);
+  const kern::LinearWeight w = kern::gemm_only_i8(plain, pool);
+  MM3_REQUIRE_I8(w);
+  std::vector<float> x = rng.vec(static_cast<size_t>(M * K), -1.f, 1.f);
+  for (int64_t k = 0; k < K; ++k) x[static_cast<size_t>(1 * K + k)] = 0.0f;      // row 1: zero -> the bias
+  x[static_cast<size_t>(3 * K + 17)] = std::numeric_limits<float>::quiet_NaN();  // row 3: NaN
+  x[static_cast<size_t>(4 * K + 69)] = -std::numeric_limits<float>::infinity();  // row 4 (the tail): -Inf
+  std::vector<float> y(static_cast<size_t>(M * N)), want(y.size());
+  kern::linear(pool, x.data(), M, K, w, y.data(), N, DType::F32);
+  ref::linear_i8(x.data(), M, K, plain.weight(), plain.bias(), want.data(), N, DType::F32);
+  EXPECT_EQ(bit_mismatches(y.data(), N, want, M, N), 0);
+  const std::vector<float> b = plain.bias().to_f32_vector();
+  for (int64_t n = 0; n < N; ++n) {
+    EXPECT_EQ(y[static_cast<size_t>(1 * N + n)], b[static_cast<size_t>(n)]) << "a zero row gives the bias, n=" << n;
+    EXPECT_TRUE(std::isnan(y[static_cast<size_t>(3 * N + n)])) << "a NaN row gives NaN, n=" << n;
+    EXPECT_TRUE(std::isnan(y[static_cast<size_t>(4 * N + n)])) << "an Inf row gives NaN, n=" << n;
+    for (int64_t m : {0, 2, 5}) EXPECT_TRUE(std::isfinite(y[static_cast<size_t>(m * N + n)]));
+  }
+}
+
+TEST(KernelsLinearI8, ThreadCountIndependentAndDeterministic) {
+  // The DiT's shapes scaled down (D = 2048 -> 256, F = 8192 -> 1024), M = 2 · 69 + 2 rows.
+  const Case cases[] = {{140, 256, 768}, {140, 256, 256}, {140, 256, 2048}, {140, 1024, 256}};
+  ThreadPool one(1), two(2);
+  uint64_t seed = 3;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "M=" << c.M << " K=" << c.K << " N=" << c.N);
+    Rng rng(seed++);
+    const kern::LinearWeight plain = make_weight(rng, c.N, c.K, true, DType::F32);
+    const kern::LinearWeight w1 = kern::gemm_only_i8(plain, one), w2 = kern::gemm_only_i8(plain, two);
+    MM3_REQUIRE_I8(w1);
+    const std::vector<float> x = rng.vec(static_cast<size_t>(c.M * c.K), -3.f, 3.f);
+    std::vector<float> a(static_cast<size_t>(c.M * c.N)), b(a.size()), again(a.size());
+    kern::linear(one, x.data(), c.M, c.K, w1, a.data(), c.N, DType::F32);
+    kern::linear(two, x.data(), c.M, c.K, w2, b.data(), c.N, DType::F32);
+    kern::linear(two, x.data(), c.M, c.K, w2, again.data(), c.N, DType::F32);
+    EXPECT_EQ(bit_mismatches(b.data(), c.N, a, c.M, c.N), 0) << "1 vs 2 threads";
+    EXPECT_EQ(bit_mismatches(again.data(), c.N, b, c.M, c.N), 0) << "run to run";
+  }
+}
+
+TEST(KernelsLinearI8, WithinTheQuantizationErrorOfTheExactProduct) {
+  // Gaussian-like data (sums of uniforms): per-row symmetric 127-level quantization of x and W gives
+  // each product a relative error of about (max/rms)/(127·√12) per side, ~1% for K = 512 here. The
+  // bound 3% holds with margin; a scale one level off (/126), a dropped u8 offset, or the weight scale
+  // of a neighbouring row is far outside it.
+  ThreadPool pool(2);
+  Rng rng(9);
+  const int64_t M = 64, K = 512, N = 96;
+  auto gauss = [&](size_t n) {
+    std::vector<float> v(n, 0.0f);
+    for (int i = 0; i < 4; ++i) {
+      const std::vector<float> u = rng.vec(n, -1.f, 1.f);
+      for (size_t j = 0; j < n; ++j) v[j] += u[j];
+    }
+    return v;
+  };
+  std::vector<float> wv = gauss(static_cast<size_t>(N * K));
+  for (int64_t n = 0; n < N; ++n)  // rows of different magnitudes: a per-row scale matters
+    for (int64_t k = 0; k < K; ++k) wv[static_cast<size_t>(n * K + k)] *= 0.01f * static_cast<float>(1 + n % 7);
+  const kern::LinearWeight plain(Tensor::from_f32(wv, {N, K}));
+  const kern::LinearWeight w = kern::gemm_only_i8(plain, pool);
+  MM3_REQUIRE_I8(w);
+  std::vector<float> x = gauss(static_cast<size_t>(M * K));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) x[static_cast<size_t>(m * K + k)] *= static_cast<float>(1 + m % 5);
+  std::vector<float> y(static_cast<size_t>(M * N)), exact(y.size());
+  kern::linear(pool, x.data(), M, K, w, y.data(), N, DType::F32);
+  ref::linear(pool, x.data(), M, K, plain, exact.data(), N, DType::F32);
+  double err = 0, ref2 = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    err += (double(y[i]) - exact[i]) * (double(y[i]) - exact[i]);
+    ref2 += double(exact[i]) * exact[i];
+  }
+  const double rel = std::sqrt(err / ref2);
+  EXPECT_LT(rel, 0.03) << "relative RMS error of the W8A8 product";
+  EXPECT_GT(rel, 1e-4) << "suspiciously exact for 127-level quantization: is the int8 path running?";
+}
+
+}  // namespace
+}  // namespace mm3
