@@ -128,6 +128,63 @@ bool DiT::fp32_strassen() const {
   return strassen_used_;
 }
 
+const char* dit_gemm_name(DitGemm g) { return g == DitGemm::Int8 ? "int8" : "exact"; }
+
+bool DiT::int8_active() const {
+  std::lock_guard<std::mutex> lock(weights_mu_);
+  return int8_active_;
+}
+
+const DiT::Weights& DiT::int8_weights(const ThreadPool& pool) const {
+  std::lock_guard<std::mutex> lock(weights_mu_);
+  if (int8_) return *int8_;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto w = std::make_unique<Weights>(*f32_);
+  double gb = 0;
+  bool all_i8 = true;
+  // The small GEMMs at the ends (pre / proj_in / proj_out / post: ~0.1% of the FLOPs, the model's
+  // input and output) stay fp32, packed; the time MLP (a GEMV) keeps its views.
+  auto pack_f32 = [&](kern::LinearWeight& lw) {
+    const Tensor src = lw.weight();
+    populate_mapped_pages(src, &pool);
+    lw = kern::gemm_only_f32(lw, pool);
+    gb += lw.weight_bytes() / 1e9;
+    release_mapped_pages(src);
+  };
+  auto pack_i8 = [&](kern::LinearWeight& lw) {
+    const Tensor src = lw.weight();
+    populate_mapped_pages(src, &pool);
+    kern::LinearWeight q = kern::gemm_only_i8(lw, pool);
+    if (q.out_features() == 0) {
+      all_i8 = false;
+      q = kern::gemm_only_f32(lw, pool);
+    }
+    lw = std::move(q);
+    gb += lw.weight_bytes() / 1e9;
+    release_mapped_pages(src);
+  };
+  for (auto* lw : {&w->pre, &w->proj_in, &w->proj_out, &w->post}) pack_f32(*lw);
+  for (auto& bl : w->blocks) {
+    for (auto* lw : {&bl.q, &bl.k, &bl.v}) populate_mapped_pages(lw->weight(), &pool);
+    bl.qkv = concat_rows({&bl.q, &bl.k, &bl.v}, DType::F32);  // per-row scales: the same as three weights
+    for (auto* lw : {&bl.q, &bl.k, &bl.v}) {
+      release_mapped_pages(lw->weight());
+      *lw = kern::LinearWeight();
+    }
+    for (auto* lw : {&bl.qkv, &bl.o, &bl.ff_in, &bl.ff_out}) pack_i8(*lw);
+  }
+  int8_ = std::move(w);
+  int8_active_ = all_i8;
+  if (all_i8)
+    MM3_LOG_INFO("transformer: int8 block GEMM weights ({:.1f} GB with the fp32 ends) prepared in {:.1f} s", gb,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  else
+    MM3_LOG_WARN(
+        "transformer: this CPU has no int8 GEMM (oneDNN's u8 x s8 brgemm needs AVX512-VNNI; or "
+        "MM3_ONEDNN=0): the int8 profile runs its GEMMs in fp32");
+  return *int8_;
+}
+
 const DiT::Weights& DiT::weights(DType compute, const ThreadPool& pool) const {
   if (compute != DType::F32 && compute != DType::BF16)
     throw InvalidInput(fmt::format("transformer: compute dtype must be F32 or BF16, not {}", dtype_name(compute)));
@@ -216,9 +273,12 @@ const DiT::Weights& DiT::weights(DType compute, const ThreadPool& pool) const {
   return *bf16_;
 }
 
-void DiT::forward(const ThreadPool& pool, const std::vector<DitItem>& items, int64_t L,
-                  const std::vector<float*>& out, DType compute, DitWorkspace& ws) const {
-  const Weights& W = weights(compute, pool);
+void DiT::forward(const ThreadPool& pool, const std::vector<DitItem>& items, int64_t L, const std::vector<float*>& out,
+                  DType compute, DitWorkspace& ws, DitGemm gemm) const {
+  if (gemm == DitGemm::Int8 && compute != DType::F32)
+    throw InvalidInput(
+        fmt::format("transformer: the int8 GEMMs run under the fp32 compute profile, not {}", dtype_name(compute)));
+  const Weights& W = gemm == DitGemm::Int8 ? int8_weights(pool) : weights(compute, pool);
   const DType st = compute;
   const int64_t B = static_cast<int64_t>(items.size());
   const int64_t C = cfg_.in_channels, Dc = cfg_.condition_dim, D = cfg_.inner_dim(), Cc = cfg_.concat_channels();
@@ -370,8 +430,8 @@ void DiT::forward(const ThreadPool& pool, const std::vector<DitItem>& items, int
   }
 }
 
-Tensor DiT::forward(const ThreadPool& pool, const Tensor& x, const Tensor& t, const Tensor& cond,
-                    DType compute) const {
+Tensor DiT::forward(const ThreadPool& pool, const Tensor& x, const Tensor& t, const Tensor& cond, DType compute,
+                    DitGemm gemm) const {
   const int64_t C = cfg_.in_channels, Dc = cfg_.condition_dim;
   if (x.ndim() != 3 || x.dim(1) != C)
     throw InvalidInput(fmt::format("transformer: latents must be [B, {}, L], got {}", C, x.describe()));
@@ -389,7 +449,7 @@ Tensor DiT::forward(const ThreadPool& pool, const Tensor& x, const Tensor& t, co
     outs.push_back(v.data<float>() + b * C * L);
   }
   DitWorkspace ws;
-  forward(pool, items, L, outs, compute, ws);
+  forward(pool, items, L, outs, compute, ws, gemm);
   return v;
 }
 

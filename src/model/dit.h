@@ -51,6 +51,14 @@ struct DitItem {
   const float* cond = nullptr;
 };
 
+// How the DiT's block GEMMs (q | k | v, o, ff_in, ff_out: all but ~0.1% of its FLOPs) hold and run
+// their weights under the fp32 compute profile. Exact: fp32 (the reference). Int8: W8A8
+// (kern::gemm_only_i8: per-row weight scales, per-token activation scales at every call, exact int32
+// sums), an opt-in that trades accuracy for speed; every other op, and the small GEMMs at the ends,
+// stay fp32. Where the CPU has no int8 GEMM (no AVX512-VNNI) Int8 runs the fp32 weights and says so.
+enum class DitGemm : uint8_t { Exact, Int8 };
+const char* dit_gemm_name(DitGemm g);  // "exact" / "int8"
+
 class DiT {
  public:
   // Binds transformer/*.safetensors (441 tensors at full size); throws BadModel listing every defect.
@@ -61,12 +69,16 @@ class DiT {
 
   // Velocity of every item: out[b] is [C, L] channel-major. `compute` F32 (reference) or BF16 (every op
   // boundary rounds to bf16, with bf16 weights, as torch's bf16 model does).
+  // `gemm` Int8 needs compute F32 (InvalidInput otherwise).
   void forward(const ThreadPool& pool, const std::vector<DitItem>& items, int64_t L, const std::vector<float*>& out,
-               DType compute, DitWorkspace& ws) const;
+               DType compute, DitWorkspace& ws, DitGemm gemm = DitGemm::Exact) const;
 
   // Tensor convenience: x [B, C, L], t [B], cond [B, L, Dc] -> [B, C, L] F32.
   Tensor forward(const ThreadPool& pool, const Tensor& x, const Tensor& t, const Tensor& cond,
-                 DType compute = DType::F32) const;
+                 DType compute = DType::F32, DitGemm gemm = DitGemm::Exact) const;
+
+  // Whether DitGemm::Int8 got int8 weights (false before its first forward, or on a CPU without them).
+  bool int8_active() const;
 
   struct Weights;  // one precision's weights (dit.cpp)
 
@@ -83,11 +95,15 @@ class DiT {
   // The weights for `compute`, prepared at the first call (pool: its workers): F32 packs the GEMM
   // weights once (kern::gemm_only_f32), BF16 builds the bf16 copies; both from the mapped fp32.
   const Weights& weights(DType compute, const ThreadPool& pool) const;
+  // DitGemm::Int8's weights, prepared at its first call from the mapped fp32.
+  const Weights& int8_weights(const ThreadPool& pool) const;
 
   DitConfig cfg_;
   std::unique_ptr<Weights> f32_;                   // views of the file mapping
   mutable std::unique_ptr<Weights> f32_packed_;    // f32_ with the GEMM weights pre-packed
   mutable std::unique_ptr<Weights> bf16_;
+  mutable std::unique_ptr<Weights> int8_;  // block GEMMs W8A8, the rest as f32_packed_
+  mutable bool int8_active_ = false;       // under weights_mu_
   mutable std::mutex weights_mu_;  // guards the one-time preparations
   mutable bool strassen_used_ = false;  // under weights_mu_
 };

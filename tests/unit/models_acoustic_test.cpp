@@ -197,6 +197,32 @@ TEST(AcousticGolden, DitForwardTwiceBitwiseEqualAndMatches) {
   EXPECT_LT(rel_rms(Tensor::from_f32(u1, {1, C, L}), f.get("velocity_uncond")), 1e-5);
 }
 
+// The opt-in int8 GEMMs (DitGemm::Int8, W8A8) against the fp32 goldens: not within the golden rule
+// (1e-5; int8 quantization is ~1e-2 per product), but near the error measured when it was built: rel
+// RMS 3.9-4.6e-3 on the v1 goldens' four DiT cases (eighteenth session; the bf16 profile reads
+// 5.9-6.3e-3 there, its every op boundary rounding), under a bound of 1.5e-2. RED: the bias lost in
+// the epilogue reads 0.10, the u8 offset's compensation one level off (127) 0.025. Also: deterministic.
+TEST(AcousticGolden, DitInt8WithinItsErrorOfTheGoldens) {
+  REQUIRE_GOLDEN();
+  Checkpoint ck((golden() / "checkpoint").string());
+  DiT dit(ck.store("transformer"), ck.configs().dit);
+  ThreadPool pool(2);
+  for (const char* name : {"dit_L24_t0.5000", "dit_L100_t0.2500", "dit_L689_t0.0000", "dit_L689_t0.9667"}) {
+    SCOPED_TRACE(name);
+    SafetensorsFile f((golden() / "cases" / (std::string(name) + ".safetensors")).string());
+    const Tensor x = f.get("latents"), t = f.get("timestep"), c = f.get("condition");
+    const Tensor v = dit.forward(pool, x, t, c, DType::F32, DitGemm::Int8);
+    if (!dit.int8_active()) GTEST_SKIP() << "no int8 GEMM on this CPU (needs AVX512-VNNI): the profile ran fp32";
+    const Tensor v2 = dit.forward(pool, x, t, c, DType::F32, DitGemm::Int8);
+    EXPECT_EQ(std::memcmp(v.raw(), v2.raw(), v.nbytes()), 0) << "int8 forward not deterministic";
+    const double e = rel_rms(v, f.get("velocity")),
+                 e16 = rel_rms(dit.forward(pool, x, t, c, DType::BF16), f.get("velocity"));
+    std::printf("[ int8 DiT ] %s: rel RMS vs the fp32 golden %.3g (bf16 profile %.3g)\n", name, e, e16);
+    EXPECT_LT(e, 1.5e-2);
+    EXPECT_GT(e, 1e-4) << "suspiciously exact for int8: are the int8 weights in use?";
+  }
+}
+
 TEST(AcousticGolden, VocoderAndConditionMatchAndRepeat) {
   REQUIRE_GOLDEN();
   Checkpoint ck((golden() / "checkpoint").string());
