@@ -1,9 +1,13 @@
 // stage_acoustic.cpp — `mm3 bench` stages that time the acoustic models over one window (MODEL.md §4.1,
 // §5.1) at the window shapes the golden cases use: L = 689 latents (690 DiT tokens with the time token).
 //   dit_forward_L689        DiT::forward, batch 1 (one CFG branch, the conditional one), F32 compute;
-//   dit_forward_L689_bf16   the same with BF16 compute (bf16 weight copies built in setup, untimed);
+//   dit_forward_L689_bf16   the same with BF16 compute (bf16 weight copies built in setup, untimed), and its
+//                           velocity against the exact F32 forward's (info rel_rms_vs_f32);
 //   dit_forward_L689_b2     batch 2, [condition | all-zero condition], as run_acoustic's Euler step runs it;
 //   dit_forward_L689_b2_bf16  the same with BF16 compute;
+//   dit_forward_L689_int8   batch 1, F32 compute with the block GEMMs W8A8 (DitGemm::Int8; weights prepared in
+//                           setup), and its velocity against the exact F32 forward's (info rel_rms_vs_f32);
+//   dit_forward_L689_b2_int8  batch 2 with the int8 GEMMs (the Euler step of --dit-gemm int8);
 //   vocoder_L689            Vocoder::decode of one 689-latent window (≈ 8 s of stereo 44.1 kHz audio), F32;
 //   vocoder_L689_bf16       the same with the BF16 compute option (and its waveform against F32's);
 //   vocoder_L689_layers     the same with the per-layer profile (seconds, flops, GFLOP/s of each layer);
@@ -43,10 +47,20 @@ struct DitBench {
   std::vector<float*> outp;
   DitWorkspace ws;
   DType compute = DType::F32;
-  void run(const ThreadPool& pool) { dit->forward(pool, items, kL, outp, compute, ws); }
+  DitGemm gemm = DitGemm::Exact;
+  void run(const ThreadPool& pool) { dit->forward(pool, items, kL, outp, compute, ws, gemm); }
 };
 
-StageRun dit_stage(const BenchContext& ctx, int batch, DType compute) {
+double rel_rms(const std::vector<float>& a, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]);
+    den += double(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+StageRun dit_stage(const BenchContext& ctx, int batch, DType compute, DitGemm gemm = DitGemm::Exact) {
   const ThreadPool& pool = ctx.pool();
   const Checkpoint& ck = ctx.checkpoint();
   const TensorStore& st = ck.store("transformer");
@@ -62,14 +76,27 @@ StageRun dit_stage(const BenchContext& ctx, int batch, DType compute) {
     b->items.push_back(DitItem{b->x.data(), 0.5f, i == 0 ? b->cond.data() : nullptr});
     b->outp.push_back(b->out[size_t(i)].data());
   }
-  if (compute == DType::BF16) b->run(pool);  // builds the bf16 weight copies once (setup, not timed)
+  b->gemm = gemm;
+  // bf16 / int8, batch 1: the exact fp32 velocity, from a DiT of its own (freed after), to compare with
+  std::vector<float> exact;
+  if ((gemm == DitGemm::Int8 || compute == DType::BF16) && batch == 1) {
+    DiT f32(st, c);
+    std::vector<float> v(size_t(c.in_channels) * kL);
+    DitWorkspace ws;
+    f32.forward(pool, b->items, kL, {v.data()}, DType::F32, ws);
+    exact = std::move(v);
+  }
+  // builds the bf16 copies / the int8 weights once (setup, not timed)
+  if (compute == DType::BF16 || gemm == DitGemm::Int8) b->run(pool);
+  const double err = exact.empty() ? -1.0 : rel_rms(b->out[0], exact);
   const double S = double(kL + 1);
   const double D = c.inner_dim();
   const double params = static_cast<double>(st.total_params());
   StageRun r;
   r.run = [b, &pool] { b->run(pool); };
   // weights read once per forward (4 bytes F32, 2 bytes for the bf16 copies).
-  r.bytes = params * (compute == DType::BF16 ? 2.0 : 4.0);
+  // (int8: the block GEMMs' 1 byte, their ends' 4: ~1 byte a parameter)
+  r.bytes = params * (gemm == DitGemm::Int8 ? 1.0 : compute == DType::BF16 ? 2.0 : 4.0);
   // 2 · params · tokens (every weight is a matmul/conv weight applied to each token, apart from the
   // tiny time-embedding MLP) + attention QK^T and PV: 4 · S² · D per layer (bidirectional).
   r.flops = batch * (2.0 * params * S + 4.0 * S * S * D * c.num_layers);
@@ -77,11 +104,16 @@ StageRun dit_stage(const BenchContext& ctx, int batch, DType compute) {
             {"tokens", kL + 1},
             {"batch", batch},
             {"compute", dtype_name(compute)},
+            {"dit_gemm", dit_gemm_name(gemm)},
             {"params", params},
             {"bytes_counts", "weights once"},
             {"flops_counts", "2*params*tokens + 4*S^2*D*layers, per batch item"}};
   // The form the fp32 weights took when the warmup forward packed them (MM3_STRASSEN=1: Strassen's).
-  r.finish = [b](double, nlohmann::json& info) { info["fp32_strassen"] = b->dit->fp32_strassen(); };
+  r.finish = [b, gemm, err](double, nlohmann::json& info) {
+    info["fp32_strassen"] = b->dit->fp32_strassen();
+    if (gemm == DitGemm::Int8) info["int8_active"] = b->dit->int8_active();
+    if (err >= 0) info["rel_rms_vs_f32"] = err;
+  };
   return r;
 }
 
@@ -97,7 +129,8 @@ RegisterStage reg_dit_f32{{
 RegisterStage reg_dit_bf16{{
     .name = "dit_forward_L689_bf16",
     .description = "DiT::forward over one 689-latent window, batch 1, BF16 compute (bf16 weight copies built in "
-                   "setup); bytes = BF16 weights once; flops = 2*params*tokens + attention",
+                   "setup; info rel_rms_vs_f32: the velocity against an exact F32 forward run in setup); bytes = BF16 "
+                   "weights once; flops = 2*params*tokens + attention",
     .needs_model = true,
     .setup = [](const BenchContext& ctx) { return dit_stage(ctx, 1, DType::BF16); },
 }};
@@ -108,6 +141,23 @@ RegisterStage reg_dit_b2_bf16{{
                    "BF16 weights once; flops = both items",
     .needs_model = true,
     .setup = [](const BenchContext& ctx) { return dit_stage(ctx, 2, DType::BF16); },
+}};
+
+RegisterStage reg_dit_int8{{
+    .name = "dit_forward_L689_int8",
+    .description = "DiT::forward over one 689-latent window, batch 1, F32 compute with the block GEMMs W8A8 (int8 "
+                   "weights prepared in setup; info int8_active, and rel_rms_vs_f32: the velocity against an exact "
+                   "F32 forward run in setup); bytes = ~1 byte a parameter; flops = 2*params*tokens + attention",
+    .needs_model = true,
+    .setup = [](const BenchContext& ctx) { return dit_stage(ctx, 1, DType::F32, DitGemm::Int8); },
+}};
+
+RegisterStage reg_dit_b2_int8{{
+    .name = "dit_forward_L689_b2_int8",
+    .description = "dit_forward_L689_b2 with the block GEMMs W8A8 (the Euler step of --dit-gemm int8); bytes = ~1 "
+                   "byte a parameter; flops = both items",
+    .needs_model = true,
+    .setup = [](const BenchContext& ctx) { return dit_stage(ctx, 2, DType::F32, DitGemm::Int8); },
 }};
 
 RegisterStage reg_dit_b2{{

@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define MM3_ABI_VERSION 2 /* 2: mm3_model_params gained acoustic_precision and ar_weights */
+#define MM3_ABI_VERSION 3 /* 2: mm3_model_params gained acoustic_precision and ar_weights; 3: dit_gemm */
 #if defined(__GNUC__)
 #define MM3_API __attribute__((visibility("default")))
 #else
@@ -55,6 +55,10 @@ typedef enum mm3_ar_weights {
   MM3_AR_WEIGHTS_INT8 = 2,    /* quantized at load unless the checkpoint has the sidecar */
   MM3_AR_WEIGHTS_Q4 = 3
 } mm3_ar_weights;
+typedef enum mm3_dit_gemm {
+  MM3_DIT_GEMM_EXACT = 0, /* the reference: fp32 (or bf16 with MM3_PRECISION_BF16) */
+  MM3_DIT_GEMM_INT8 = 1   /* W8A8 block GEMMs, opt-in (README 'int8 DiT'); needs MM3_PRECISION_F32 */
+} mm3_dit_gemm;
 typedef struct mm3_model_params {
   int n_threads;   /* 0 = all cores */
   int low_memory;  /* nonzero: free the LM and depth decoder before the DiT loads */
@@ -63,6 +67,7 @@ typedef struct mm3_model_params {
                                        with OMP_WAIT_POLICY=PASSIVE in its environment (the mm3 command
                                        does this itself), or they spin against mm3's own threads (~5%) */
   mm3_ar_weights ar_weights;        /* LM + depth-decoder weights (default: the checkpoint's own) */
+  mm3_dit_gemm dit_gemm;            /* the DiT's block GEMMs (default: exact) */
 } mm3_model_params;
 MM3_API mm3_model_params mm3_model_default_params(void);
 /* dir: a MiniMax-Music3 checkpoint folder (diffusers componentized layout). params may be NULL. */

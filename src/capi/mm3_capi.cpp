@@ -82,7 +82,7 @@ const char* mm3_status_name(mm3_status s) {
 const char* mm3_last_error(void) { return g_last_error.c_str(); }
 
 mm3_model_params mm3_model_default_params(void) {
-  return mm3_model_params{0, 0, MM3_PRECISION_F32, MM3_AR_WEIGHTS_DEFAULT};
+  return mm3_model_params{0, 0, MM3_PRECISION_F32, MM3_AR_WEIGHTS_DEFAULT, MM3_DIT_GEMM_EXACT};
 }
 
 mm3_status mm3_model_load(const char* dir, const mm3_model_params* params, mm3_model** out) {
@@ -110,6 +110,22 @@ mm3_status mm3_model_load(const char* dir, const mm3_model_params* params, mm3_m
         throw mm3::InvalidInput(fmt::format("mm3_model_params.ar_weights {}: use one of MM3_AR_WEIGHTS_DEFAULT, "
                                             "_BF16, _INT8, _Q4", static_cast<int>(p.ar_weights)));
     }
+    switch (p.dit_gemm) {
+      case MM3_DIT_GEMM_EXACT:
+        break;
+      case MM3_DIT_GEMM_INT8:
+        opt.dit_gemm = mm3::DitGemm::Int8;
+        break;
+      default:
+        throw mm3::InvalidInput(
+            fmt::format("mm3_model_params.dit_gemm {}: use MM3_DIT_GEMM_EXACT or "
+                        "MM3_DIT_GEMM_INT8",
+                        static_cast<int>(p.dit_gemm)));
+    }
+    if (opt.dit_gemm == mm3::DitGemm::Int8 && opt.acoustic_precision != mm3::DType::F32)
+      throw mm3::InvalidInput(
+          "mm3_model_params: dit_gemm MM3_DIT_GEMM_INT8 needs acoustic_precision "
+          "MM3_PRECISION_F32");
     auto m = std::make_unique<mm3_model>();
     m->pipeline = std::make_unique<mm3::Pipeline>(dir, opt);
     *out = m.release();

@@ -57,6 +57,10 @@ AcousticResult run_acoustic(const AcousticModels& m, const Tensor& frame_hiddens
   if (p.steps < 1) throw InvalidInput(fmt::format("acoustic stage: steps must be >= 1 (got {})", p.steps));
   if (p.precision != DType::F32 && p.precision != DType::BF16)
     throw InvalidInput(fmt::format("acoustic stage: precision must be F32 or BF16, not {}", dtype_name(p.precision)));
+  if (p.dit_gemm == DitGemm::Int8 && p.precision != DType::F32)
+    throw InvalidInput(
+        "acoustic stage: the DiT's int8 GEMMs run under the f32 acoustic precision, not bf16 "
+        "(choose one of the two)");
   const SolverStep solver = find_solver(p.solver);
   const bool bf16 = p.precision == DType::BF16;
   const DType st = p.precision;
@@ -118,7 +122,8 @@ AcousticResult run_acoustic(const AcousticModels& m, const Tensor& frame_hiddens
       ctl.check_cancel();
       const float t = round_store(grid[static_cast<size_t>(i)], st);  // t.to(latents.dtype)
       if (ov > 0) prefix_prompt(xp, C, L, noise_prompt.data(), ov, prev_latent.data(), prev_len, ov, t, bf16);
-      m.dit->forward(pool, {DitItem{xp, t, cp}, DitItem{xp, t, nullptr}}, L, {vc.data(), vu.data()}, st, ws);
+      m.dit->forward(pool, {DitItem{xp, t, cp}, DitItem{xp, t, nullptr}}, L, {vc.data(), vu.data()}, st, ws,
+                     p.dit_gemm);
       // guided = v_u + cfg·(v_c − v_u), each op rounded to the model dtype (into vc).
       for (int64_t j = 0; j < C * L; ++j) {
         const float shift = round_store(vc[j] - vu[j], st);

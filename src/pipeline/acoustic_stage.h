@@ -36,6 +36,7 @@ struct AcousticParams {
   std::vector<Tensor> noise;   // optional injected initial noise, one [1, C, L_k] (or [C, L_k]) per window;
                                // empty: drawn from the engine's Philox stream (diffusion/noise.h)
   DType precision = DType::F32;  // DiT + vocoder compute: F32 (reference profile) or BF16
+  DitGemm dit_gemm = DitGemm::Exact;  // Int8: the DiT's block GEMMs W8A8 (model/dit.h; needs precision F32)
   std::string solver = "euler";  // diffusion/scheduler.h registry name
   bool decode_audio = true;      // false: stop after the latents (no vocoder)
 };

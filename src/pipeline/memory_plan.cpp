@@ -104,7 +104,7 @@ uint64_t memory_limit(std::string* source) {
 }
 
 MemoryPlan plan_memory(const Checkpoint& ckpt, int64_t prompt_tokens, int64_t max_frames, DType ar_precision,
-                       DType acoustic_precision) {
+                       DType acoustic_precision, DitGemm dit_gemm) {
   MemoryPlan p;
   const ModelConfigs& c = ckpt.configs();
   {
@@ -121,7 +121,15 @@ MemoryPlan plan_memory(const Checkpoint& ckpt, int64_t prompt_tokens, int64_t ma
     p.ar_work = 64 * kMiB + 2ull * 256ull * (4 * H + 2 * I + 3 * QW) * 4ull;
   }
   const uint64_t dit_bytes = component_file_bytes(ckpt, "transformer"), voc_bytes = component_file_bytes(ckpt, "vocoder");
-  if (acoustic_precision == DType::BF16) {
+  if (dit_gemm == DitGemm::Int8) {
+    // The block GEMMs' int8 weights (a quarter of their fp32 bytes; their row scales are noise) beside
+    // the small fp32 ends (counted at fp32 within the quarter's slack: ~0.1% of the parameters), the
+    // fp32 pages they were made from dropped as for the bf16 copies; plus the calling thread's kept
+    // scratch for a batch-2 window's widest GEMM (ff_in: x as u8 [2·690, D], int32 sums [2·690, 2F]).
+    const uint64_t D = uint64_t(c.dit.inner_dim()), F = uint64_t(c.dit.ff_inner_dim);
+    const uint64_t scratch = 2ull * 690ull * (std::max(D, F) + 2ull * F * 4ull);
+    p.acoustic_weights = component_file_bytes(ckpt, "condition_encoder") + dit_bytes / 4 + voc_bytes + scratch;
+  } else if (acoustic_precision == DType::BF16) {
     // The bf16 profile multiplies bf16 copies of the DiT's weights (half the fp32 files); the fp32 pages
     // they were made from are clean file pages the kernel can drop once copied. The vocoder keeps its
     // fp32 weights (conv_out) beside bf16 copies of the rest: count both.

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "model/dit.h"
 
 namespace mm3 {
 
@@ -35,9 +36,10 @@ struct MemoryPlan {
 
 // The plan for a request with `prompt_tokens` and a frame budget `max_frames` (a replay of given codes
 // still runs the LM teacher-forced for the frame hiddens, so it needs the same).
-// `acoustic_precision` BF16: the DiT counted at its bf16 copies' size (see memory_plan.cpp).
+// `acoustic_precision` BF16: the DiT counted at its bf16 copies' size; `dit_gemm` Int8: at its int8 block
+// weights' (see memory_plan.cpp).
 MemoryPlan plan_memory(const Checkpoint& ckpt, int64_t prompt_tokens, int64_t max_frames, DType ar_precision,
-                       DType acoustic_precision = DType::F32);
+                       DType acoustic_precision = DType::F32, DitGemm dit_gemm = DitGemm::Exact);
 
 // Usable memory: MM3_MEMORY_LIMIT (bytes, or with a K/M/G/T suffix, powers of 1024) if set, else the
 // smaller of MemTotal and the cgroup v2/v1 limit. Throws InvalidInput on a malformed MM3_MEMORY_LIMIT.

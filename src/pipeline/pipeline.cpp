@@ -101,8 +101,8 @@ GenerationResult Pipeline::generate(const Request& req, const RunControl& ctl, c
   ap.max_frames = frame_budget(req.duration);
   // Memory: a stage that cannot fit fails now (OutOfMemory, exit 4) with the figures; when only the
   // two stages together do not fit, the AR models are freed before the acoustic stage (--low-memory).
-  const bool must_drop =
-      check_memory(plan_memory(m.ckpt, out.prompt_tokens, ap.max_frames, m.opt.ar_precision, m.opt.acoustic_precision));
+  const bool must_drop = check_memory(plan_memory(m.ckpt, out.prompt_tokens, ap.max_frames, m.opt.ar_precision,
+                                                  m.opt.acoustic_precision, m.opt.dit_gemm));
   if (must_drop && !m.opt.low_memory)
     out.notes.push_back("the LM and the acoustic models do not fit in memory together: freeing the LM before the "
                         "acoustic stage (as --low-memory does)");
@@ -126,6 +126,7 @@ GenerationResult Pipeline::generate(const Request& req, const RunControl& ctl, c
   cp.cfg = req.dit_cfg;
   cp.seed = req.seed;
   cp.precision = m.opt.acoustic_precision;
+  cp.dit_gemm = m.opt.dit_gemm;
   StageClock ac_clock;
   AcousticResult ac = run_acoustic(m.acoustic_models(), ar.frame_hiddens, cp, m.pool, ctl);
   out.seconds_acoustic = ac_clock.seconds();

@@ -17,6 +17,7 @@
 #include "core/tensor.h"
 #include "core/thread_pool.h"
 #include "kernels/quant.h"
+#include "model/dit.h"
 #include "pipeline/request.h"
 
 namespace mm3 {
@@ -26,6 +27,7 @@ struct PipelineOptions {
   bool low_memory = false;   // free the LM and depth decoder before the DiT loads
   DType ar_precision = DType::BF16;        // reference profile
   DType acoustic_precision = DType::F32;   // reference profile
+  DitGemm dit_gemm = DitGemm::Exact;       // reference profile; Int8: W8A8 block GEMMs (model/dit.h)
   // Quantized LM + depth-decoder weights (model/quant_weights.h): nullopt = the checkpoint's default
   // (its mm3-quant/default.json, written by `mm3 quantize IN OUT`; bf16 when there is none).
   std::optional<kern::QuantType> ar_quant;

@@ -64,6 +64,16 @@ int main(int argc, char** argv) {
   s = mm3_model_load(argv[1], &mp, &m);
   EXPECT(s == MM3_ERR_INVALID_INPUT && m == NULL, "acoustic_precision 5: %s", mm3_status_name(s));
   mp = mm3_model_default_params();
+  EXPECT(mp.dit_gemm == MM3_DIT_GEMM_EXACT, "dit_gemm defaults to exact");
+  mp.dit_gemm = (mm3_dit_gemm)7;
+  s = mm3_model_load(argv[1], &mp, &m);
+  EXPECT(s == MM3_ERR_INVALID_INPUT && m == NULL, "dit_gemm 7: %s", mm3_status_name(s));
+  EXPECT(strstr(mm3_last_error(), "dit_gemm") != NULL, "last error: %s", mm3_last_error());
+  mp.dit_gemm = MM3_DIT_GEMM_INT8;
+  mp.acoustic_precision = MM3_PRECISION_BF16;
+  s = mm3_model_load(argv[1], &mp, &m);
+  EXPECT(s == MM3_ERR_INVALID_INPUT && m == NULL, "int8 with bf16: %s", mm3_status_name(s));
+  mp = mm3_model_default_params();
   s = mm3_model_load(argv[1], &mp, &m);
   EXPECT(s == MM3_OK, "load: %s: %s", mm3_status_name(s), mm3_last_error());
   if (s != MM3_OK) return 1;

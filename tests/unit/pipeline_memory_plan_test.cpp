@@ -52,5 +52,26 @@ TEST(MemoryPlan, CountsTheStrassenFormOfTheFp32FfWeights) {
   }
 }
 
+// --dit-gemm int8: the DiT counted at a quarter of its fp32 files (its block GEMMs' int8 weights) plus the
+// int8 GEMM's kept scratch for a batch-2 window (ff_in: u8 x [1380, max(D, F)], int32 sums [1380, 2F]);
+// the AR stage untouched. RED: the int8 plan left at the fp32 count fails the first check.
+TEST(MemoryPlan, CountsTheInt8DitWeights) {
+  const fs::path g = fs::path(MM3_GOLDEN_DIR);
+  if (!fs::exists(g / "manifest.json")) GTEST_SKIP() << "golden set not found at " << g;
+  const Checkpoint ck((g / "checkpoint").string());
+  const DitConfig& d = ck.configs().dit;
+  const uint64_t D = uint64_t(d.inner_dim()), F = uint64_t(d.ff_inner_dim);
+  uint64_t dit_files = 0;
+  for (const auto& e : fs::directory_iterator(g / "checkpoint" / "transformer"))
+    if (e.path().extension() == ".safetensors") dit_files += fs::file_size(e.path());
+  const uint64_t scratch = 1380ull * (std::max(D, F) + 2ull * F * 4ull);
+  unsetenv("MM3_STRASSEN");
+  const MemoryPlan plain = plan_memory(ck, 100, 50, DType::BF16, DType::F32);
+  const MemoryPlan i8 = plan_memory(ck, 100, 50, DType::BF16, DType::F32, DitGemm::Int8);
+  EXPECT_EQ(i8.acoustic_weights, plain.acoustic_weights - dit_files + dit_files / 4 + scratch);
+  EXPECT_EQ(i8.acoustic_work, plain.acoustic_work);
+  EXPECT_EQ(i8.ar(), plain.ar());
+}
+
 }  // namespace
 }  // namespace mm3

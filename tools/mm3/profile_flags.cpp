@@ -18,6 +18,12 @@ void add_profile_flags(CLI::App& sub, ProfileArgs& a) {
                  "the same seed then samples a different song, see README 'Quantized LM + depth decoder'). Default: "
                  "the checkpoint's own (mm3-quant/default.json, written by `mm3 quantize`), else bf16. Without a "
                  "sidecar from `mm3 quantize` the weights are quantized at load");
+  sub.add_option("--dit-gemm", a.dit_gemm,
+                 "The DiT's block GEMMs (q|k|v, o, ff_in, ff_out): exact (default; fp32 or bf16 per "
+                 "--acoustic-precision) or int8 (opt-in, with --acoustic-precision f32: weights and each token's "
+                 "activations on 127 levels, integer GEMMs on AVX512-VNNI; measured on Zen 5 the DiT 2.8x faster "
+                 "than f32 and 1.6x than bf16, its velocity ~3x further from f32's than bf16's on random weights; "
+                 "quality on the real weights unmeasured, see README 'int8 DiT')");
 }
 
 void apply_profile_flags(const ProfileArgs& a, PipelineOptions& popt) {
@@ -27,6 +33,16 @@ void apply_profile_flags(const ProfileArgs& a, PipelineOptions& popt) {
     popt.acoustic_precision = DType::BF16;
   else
     throw InvalidInput(fmt::format("--acoustic-precision '{}': use f32 (the reference) or bf16", a.acoustic_precision));
+  if (a.dit_gemm == "exact")
+    popt.dit_gemm = DitGemm::Exact;
+  else if (a.dit_gemm == "int8")
+    popt.dit_gemm = DitGemm::Int8;
+  else
+    throw InvalidInput(fmt::format("--dit-gemm '{}': use exact (the reference) or int8", a.dit_gemm));
+  if (popt.dit_gemm == DitGemm::Int8 && popt.acoustic_precision != DType::F32)
+    throw InvalidInput(
+        "--dit-gemm int8 runs with --acoustic-precision f32 (the int8 GEMMs replace the bf16 ones): "
+        "drop one of the two");
   if (!a.quant.empty()) {
     const auto t = kern::quant_from_name(a.quant);
     if (!t) throw InvalidInput(fmt::format("--quant '{}': use bf16 (unquantized), int8 or q4", a.quant));
@@ -35,9 +51,11 @@ void apply_profile_flags(const ProfileArgs& a, PipelineOptions& popt) {
 }
 
 std::string describe_profile(const PipelineOptions& popt) {
-  return fmt::format("acoustic {}, AR weights {}", popt.acoustic_precision == DType::BF16 ? "bf16" : "f32",
-                     popt.ar_quant ? (*popt.ar_quant == kern::QuantType::None ? "bf16" : kern::quant_name(*popt.ar_quant))
-                                   : "the checkpoint's default");
+  return fmt::format("acoustic {}{}, AR weights {}", popt.acoustic_precision == DType::BF16 ? "bf16" : "f32",
+                     popt.dit_gemm == DitGemm::Int8 ? " (DiT GEMMs int8)" : "",
+                     popt.ar_quant
+                         ? (*popt.ar_quant == kern::QuantType::None ? "bf16" : kern::quant_name(*popt.ar_quant))
+                         : "the checkpoint's default");
 }
 
 }  // namespace mm3::cli
