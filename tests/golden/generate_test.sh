@@ -51,7 +51,8 @@ expect_rc() {  # want, label, args...
 }
 # Compute profiles. Replaying a.npy's codes with --dump: the f32 reference run and a bf16 acoustic run
 # give latents that differ (the flag reached the DiT) but stay close (same model, bf16 rounding); --quant
-# int8 changes the LM's frame hiddens slightly. A wrong flag value exits 2 before any work.
+# int8 changes the LM's frame hiddens slightly; --dit-gemm int8 moves the latents by its quantization.
+# A wrong flag value exits 2 before any work.
 rel_rms() {  # A.npy B.npy -> "rel_rms" of float32 arrays of one shape (stdlib only: no numpy here)
   python3 - "$1" "$2" <<'PY'
 import ast, struct, sys, math
@@ -87,6 +88,16 @@ if [ -f "$tmp/dq/frame_hiddens.npy" ]; then
   within "$r" 0 0.05 && echo "ok: --quant int8 frame hiddens rel RMS $r from bf16 (nonzero, < 0.05)" \
     || { echo "FAIL: --quant int8 frame hiddens rel RMS $r from bf16 (want 0 < r < 0.05)"; fail=1; }
 else echo "FAIL: the int8 run dumped no frame hiddens"; fail=1; fi
+"$mm3" generate "${args[@]}" --duration 4 --codes "$tmp/a.npy" --dit-gemm int8 --dump "$tmp/d8" -o "$tmp/p8.wav" \
+  2> "$tmp/p8.log" || { echo "FAIL: --dit-gemm int8 run exited $?: $(cat "$tmp/p8.log")"; fail=1; }
+if [ -f "$tmp/d8/latents_0.npy" ]; then
+  r=$(rel_rms "$tmp/d32/latents_0.npy" "$tmp/d8/latents_0.npy")
+  within "$r" 0 0.05 && echo "ok: --dit-gemm int8 latents rel RMS $r from f32 (nonzero, < 0.05)" \
+    || { echo "FAIL: --dit-gemm int8 latents rel RMS $r from f32 (want 0 < r < 0.05)"; fail=1; }
+else echo "FAIL: the --dit-gemm int8 run dumped no latents"; fail=1; fi
+expect_rc 2 "--dit-gemm int8 with bf16" "${args[@]}" --duration 1 --dit-gemm int8 --acoustic-precision bf16
+grep -q "acoustic-precision f32" "$tmp/bad.log" || { echo "FAIL: the message does not say what to change"; fail=1; }
+expect_rc 2 "bad --dit-gemm" "${args[@]}" --duration 1 --dit-gemm int4
 expect_rc 2 "bad --acoustic-precision" "${args[@]}" --duration 1 --acoustic-precision fp16
 grep -q "use f32" "$tmp/bad.log" || { echo "FAIL: the message does not name the accepted values"; fail=1; }
 expect_rc 2 "bad --quant" "${args[@]}" --duration 1 --quant q3
