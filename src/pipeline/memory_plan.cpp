@@ -125,9 +125,10 @@ MemoryPlan plan_memory(const Checkpoint& ckpt, int64_t prompt_tokens, int64_t ma
     // The block GEMMs' int8 weights (a quarter of their fp32 bytes; their row scales are noise) beside
     // the small fp32 ends (counted at fp32 within the quarter's slack: ~0.1% of the parameters), the
     // fp32 pages they were made from dropped as for the bf16 copies; plus the calling thread's kept
-    // scratch for a batch-2 window's widest GEMM (ff_in: x as u8 [2·690, D], int32 sums [2·690, 2F]).
+    // scratch for a batch-2 window (M = 2·690 rows): x as u8, at most [M, D] or ff_out's two levels
+    // [2M, F], and the int32 sums, at most q | k | v's [M, 3D] or ff_in's [M, 2F].
     const uint64_t D = uint64_t(c.dit.inner_dim()), F = uint64_t(c.dit.ff_inner_dim);
-    const uint64_t scratch = 2ull * 690ull * (std::max(D, F) + 2ull * F * 4ull);
+    const uint64_t scratch = 2ull * 690ull * (std::max(D, 2 * F) + std::max(3 * D, 2 * F) * 4);
     p.acoustic_weights = component_file_bytes(ckpt, "condition_encoder") + dit_bytes / 4 + voc_bytes + scratch;
   } else if (acoustic_precision == DType::BF16) {
     // The bf16 profile multiplies bf16 copies of the DiT's weights (half the fp32 files); the fp32 pages

@@ -15,6 +15,10 @@
 //                    with acc = Σ_k (qx[m, k] + 128)·qw[n, k] (int32: |acc| <= 255·127·K, K < 66000)
 // A row of x with a non-finite value gets NaN outputs (its scale is NaN), as a float GEMM's would be
 // non-finite. rint is round-half-even (the default rounding mode; _mm512_cvtps_epi32 alike).
+// Two-level activations (gemm_only_i8's x_two_level): with r = x[m, k] · (127 / a) (fp32),
+// q1 = clamp(rint(r), ±127), q2 = clamp(rint((r − q1) · 128), ±127) (|q2| <= 64; r − q1 is exact),
+// so x ≈ sx · (q1 + q2 / 128); both go through one GEMM as 2M rows, and with s = sx[m]·sw[n]
+//   y = store(fma(float(acc1 − comp), s, fma(float(acc2 − comp), s · (1/128), bias[n]))).
 #pragma GCC optimize("fp-contract=off")
 
 #include <algorithm>
@@ -39,12 +43,15 @@ struct I8Form {
   std::vector<float> sw;             // [N] weight scales
   std::vector<int32_t> comp;         // [N] 128 · Σ_k qw[n, k]: the u8 offset's share of acc
   int64_t N = 0, K = 0;
+  bool two_level = false;  // x quantized on two levels (q1, q2)
 };
 
 // Quantizes one row of n floats to 127 levels: q[k] = clamp(rint(x[k] · 127 / a), ±127) + offset as a
 // byte (offset 128: u8; 0: s8 in two's complement); returns the scale a / 127 (0 for an all-zero row,
 // NaN for a row with a non-finite value, whose bytes are then all `offset`).
-float quantize_row(const float* x, int64_t n, uint8_t* q, int offset) {
+// `inv`, when given, receives the factor 127 / a the levels were taken with (0 where there were none).
+float quantize_row(const float* x, int64_t n, uint8_t* q, int offset, float* inv_out = nullptr) {
+  if (inv_out) *inv_out = 0.0f;
   float a = 0.0f;
   bool finite = true;
   int64_t k = 0;
@@ -68,6 +75,7 @@ float quantize_row(const float* x, int64_t n, uint8_t* q, int offset) {
     return finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
   }
   const float inv = 127.0f / a;
+  if (inv_out) *inv_out = inv;
   k = 0;
 #if defined(__AVX512F__)
   const __m512 vinv = _mm512_set1_ps(inv);
@@ -84,6 +92,35 @@ float quantize_row(const float* x, int64_t n, uint8_t* q, int offset) {
     q[k] = static_cast<uint8_t>(i & 0xFF);
   }
   return a / 127.0f;
+}
+
+// The second level of x's row: q2[k] = clamp(rint((r − q1) · 128), ±127) + 128 with r = x[k] · (127 / a)
+// and q1 the first level's byte − 128, `inv` the first level's 127 / a. A zero or non-finite row (no
+// levels: `live` false): all 128.
+void quantize_row_level2(const float* x, int64_t n, const uint8_t* q1, float inv, bool live, uint8_t* q2) {
+  if (!live) {
+    std::memset(q2, 128, static_cast<size_t>(n));
+    return;
+  }
+  int64_t k = 0;
+#if defined(__AVX512F__)
+  const __m512 vinv = _mm512_set1_ps(inv), v128 = _mm512_set1_ps(128.0f);
+  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127), off = _mm512_set1_epi32(128);
+  for (; k + 16 <= n; k += 16) {
+    const __m512 r = _mm512_mul_ps(_mm512_loadu_ps(x + k), vinv);
+    const __m512i i1 =
+        _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q1 + k))), off);
+    const __m512 d = _mm512_mul_ps(_mm512_sub_ps(r, _mm512_cvtepi32_ps(i1)), v128);
+    __m512i i = _mm512_cvtps_epi32(d);
+    i = _mm512_add_epi32(_mm512_min_epi32(_mm512_max_epi32(i, lo), hi), off);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q2 + k), _mm512_cvtepi32_epi8(i));
+  }
+#endif
+  for (; k < n; ++k) {
+    const float r = x[k] * inv;
+    const float d = (r - static_cast<float>(int{q1[k]} - 128)) * 128.0f;
+    q2[k] = static_cast<uint8_t>(static_cast<int>(std::clamp(std::nearbyint(d), -127.0f, 127.0f)) + 128);
+  }
 }
 
 // y row m = store(fma(float(acc − comp), sx · sw, bias)) over n < N.
@@ -105,9 +142,34 @@ void dequant_row(const int32_t* acc, const int32_t* comp, const float* sw, float
   }
 }
 
+// The two-level form: y = store(fma(float(acc1 − comp), s, fma(float(acc2 − comp), s · (1/128), bias))),
+// s = sx · sw.
+void dequant_row2(const int32_t* acc1, const int32_t* acc2, const int32_t* comp, const float* sw, float sx,
+                  const float* bias, float* y, int64_t N, DType store) {
+  int64_t n = 0;
+#if defined(__AVX512F__)
+  const __m512 vsx = _mm512_set1_ps(sx), eighth = _mm512_set1_ps(1.0f / 128.0f);
+  for (; n + 16 <= N; n += 16) {
+    const __m512i c = _mm512_loadu_si512(comp + n);
+    const __m512 d1 = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(acc1 + n), c));
+    const __m512 d2 = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(acc2 + n), c));
+    const __m512 s = _mm512_mul_ps(vsx, _mm512_loadu_ps(sw + n));
+    const __m512 b = bias ? _mm512_loadu_ps(bias + n) : _mm512_setzero_ps();
+    const __m512 lo = _mm512_fmadd_ps(d2, _mm512_mul_ps(s, eighth), b);
+    _mm512_storeu_ps(y + n, detail::round_store_v(_mm512_fmadd_ps(d1, s, lo), store));
+  }
+#endif
+  for (; n < N; ++n) {
+    const float s = sx * sw[n];
+    const float lo = std::fma(static_cast<float>(acc2[n] - comp[n]), s * (1.0f / 128.0f), bias ? bias[n] : 0.0f);
+    const float v = std::fma(static_cast<float>(acc1[n] - comp[n]), s, lo);
+    y[n] = store == DType::BF16 ? round_bf16(v) : v;
+  }
+}
+
 }  // namespace
 
-LinearWeight gemm_only_i8(const LinearWeight& w, const ThreadPool& pool) {
+LinearWeight gemm_only_i8(const LinearWeight& w, const ThreadPool& pool, bool x_two_level) {
   MM3_CHECK(!w.quantized() && !w.gemm_form() && w.weight().ndim() == 2,
             "gemm_only_i8: needs a plain F32 / BF16 weight");
   const int64_t N = w.out_features(), K = w.in_features();
@@ -117,6 +179,7 @@ LinearWeight gemm_only_i8(const LinearWeight& w, const ThreadPool& pool) {
   auto f = std::make_shared<I8Form>();
   f->N = N;
   f->K = K;
+  f->two_level = x_two_level;
   f->sw.resize(static_cast<size_t>(N));
   f->comp.resize(static_cast<size_t>(N));
   aligned_vector<int8_t> q(static_cast<size_t>(N * K));
@@ -148,25 +211,33 @@ void i8_linear(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, c
                int64_t ldy, DType store) {
   const auto& f = *static_cast<const I8Form*>(w.gemm_form());
   const int64_t N = f.N, K = f.K;
+  const int64_t rows = f.two_level ? 2 * M : M;  // two-level: rows M.. hold the second levels
   // Scratch kept per calling thread (a fresh one per call would fault its pages in again); the
   // workers get its address.
   thread_local aligned_vector<uint8_t> xq;
   thread_local aligned_vector<int32_t> acc;
   thread_local std::vector<float> sx;
-  if (xq.size() < static_cast<size_t>(M * K)) xq.resize(static_cast<size_t>(M * K));
-  if (acc.size() < static_cast<size_t>(M * N)) acc.resize(static_cast<size_t>(M * N));
+  if (xq.size() < static_cast<size_t>(rows * K)) xq.resize(static_cast<size_t>(rows * K));
+  if (acc.size() < static_cast<size_t>(rows * N)) acc.resize(static_cast<size_t>(rows * N));
   if (sx.size() < static_cast<size_t>(M)) sx.resize(static_cast<size_t>(M));
   uint8_t* const xqp = xq.data();
   float* const sxp = sx.data();
   int32_t* const accp = acc.data();
   pool.parallel_for(M, [&](int64_t b, int64_t e) {
-    for (int64_t m = b; m < e; ++m) sxp[m] = quantize_row(x + m * ldx, K, xqp + m * K, 128);
+    for (int64_t m = b; m < e; ++m) {
+      float inv = 0.0f;
+      sxp[m] = quantize_row(x + m * ldx, K, xqp + m * K, 128, &inv);
+      if (f.two_level) quantize_row_level2(x + m * ldx, K, xqp + m * K, inv, inv != 0.0f, xqp + (M + m) * K);
+    }
   });
-  dnnl_matmul_i8(pool, xqp, M, K, f.dnnl.get(), accp);
+  dnnl_matmul_i8(pool, xqp, rows, K, f.dnnl.get(), accp);
   const float* bias = w.bias_f32();
   pool.parallel_for(M, [&](int64_t b, int64_t e) {
     for (int64_t m = b; m < e; ++m)
-      dequant_row(accp + m * N, f.comp.data(), f.sw.data(), sxp[m], bias, y + m * ldy, N, store);
+      if (f.two_level)
+        dequant_row2(accp + m * N, accp + (M + m) * N, f.comp.data(), f.sw.data(), sxp[m], bias, y + m * ldy, N, store);
+      else
+        dequant_row(accp + m * N, f.comp.data(), f.sw.data(), sxp[m], bias, y + m * ldy, N, store);
   });
 }
 

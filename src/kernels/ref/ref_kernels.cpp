@@ -64,7 +64,7 @@ float quantize_127(const std::vector<float>& v, std::vector<int>& q) {
 }  // namespace
 
 void linear_i8(const float* x, int64_t M, int64_t ldx, const Tensor& weight, const Tensor& bias, float* y, int64_t ldy,
-               DType store) {
+               DType store, bool x_two_level) {
   const int64_t N = weight.dim(0), K = weight.dim(1);
   const std::vector<float> w = weight.to_f32_vector();
   const std::vector<float> b = bias.raw() ? bias.to_f32_vector() : std::vector<float>();
@@ -72,13 +72,32 @@ void linear_i8(const float* x, int64_t M, int64_t ldx, const Tensor& weight, con
   std::vector<float> sw(static_cast<size_t>(N));
   for (int64_t n = 0; n < N; ++n)
     sw[n] = quantize_127(std::vector<float>(w.begin() + n * K, w.begin() + (n + 1) * K), qw[n]);
-  std::vector<int> qx;
+  std::vector<int> qx, qx2;
   for (int64_t m = 0; m < M; ++m) {
-    const float sx = quantize_127(std::vector<float>(x + m * ldx, x + m * ldx + K), qx);
+    const std::vector<float> row(x + m * ldx, x + m * ldx + K);
+    const float sx = quantize_127(row, qx);
+    // Second level: the first level's rounding error r − q1 (r = x · 127 / a), on 128 steps a level.
+    qx2.assign(static_cast<size_t>(K), 0);
+    if (x_two_level && std::isfinite(sx) && sx != 0.0f) {
+      float a = 0.0f;
+      for (float e : row) a = std::max(a, std::fabs(e));
+      const float inv = 127.0f / a;
+      for (int64_t k = 0; k < K; ++k) {
+        const float r = row[k] * inv;
+        qx2[k] =
+            static_cast<int>(std::clamp(std::nearbyint((r - static_cast<float>(qx[k])) * 128.0f), -127.0f, 127.0f));
+      }
+    }
     for (int64_t n = 0; n < N; ++n) {
-      int64_t acc = 0;  // the signed products: the kernel's u8 offset and its compensation cancel exactly
-      for (int64_t k = 0; k < K; ++k) acc += int64_t{qx[k]} * qw[n][k];
-      const float v = std::fma(static_cast<float>(acc), sx * sw[n], b.empty() ? 0.0f : b[n]);
+      int64_t acc = 0, acc2 = 0;  // signed products: the kernel's u8 offset and its compensation cancel exactly
+      for (int64_t k = 0; k < K; ++k) {
+        acc += int64_t{qx[k]} * qw[n][k];
+        acc2 += int64_t{qx2[k]} * qw[n][k];
+      }
+      const float s = sx * sw[n], bn = b.empty() ? 0.0f : b[n];
+      const float v = x_two_level ? std::fma(static_cast<float>(acc), s,
+                                             std::fma(static_cast<float>(acc2), s * (1.0f / 128.0f), bn))
+                                  : std::fma(static_cast<float>(acc), s, bn);
       y[m * ldy + n] = store == DType::BF16 ? round_bf16(v) : v;
     }
   }
