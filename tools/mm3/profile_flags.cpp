@@ -21,9 +21,9 @@ void add_profile_flags(CLI::App& sub, ProfileArgs& a) {
   sub.add_option("--dit-gemm", a.dit_gemm,
                  "The DiT's block GEMMs (q|k|v, o, ff_in, ff_out): exact (default; fp32 or bf16 per "
                  "--acoustic-precision) or int8 (opt-in, with --acoustic-precision f32: weights and each token's "
-                 "activations on 127 levels, integer GEMMs on AVX512-VNNI; measured on Zen 5 the DiT 2.8x faster "
-                 "than f32 and 1.6x than bf16, its velocity ~3x further from f32's than bf16's on random weights; "
-                 "quality on the real weights unmeasured, see README 'int8 DiT')");
+                 "activations on 127 levels, integer GEMMs on AVX512-VNNI; measured on Zen 5 an Euler step 2.75x "
+                 "faster than f32 and 1.5x than bf16, its velocity ~2x further from f32's than bf16's on random "
+                 "weights; quality on the real weights unmeasured, see README 'Compute profiles')");
 }
 
 void apply_profile_flags(const ProfileArgs& a, PipelineOptions& popt) {
