@@ -57,7 +57,7 @@ typedef enum mm3_ar_weights {
 } mm3_ar_weights;
 typedef enum mm3_dit_gemm {
   MM3_DIT_GEMM_EXACT = 0, /* the reference: fp32 (or bf16 with MM3_PRECISION_BF16) */
-  MM3_DIT_GEMM_INT8 = 1   /* W8A8 block GEMMs, opt-in (README 'int8 DiT'); needs MM3_PRECISION_F32 */
+  MM3_DIT_GEMM_INT8 = 1   /* W8A8 block GEMMs, opt-in (README 'Compute profiles'); needs MM3_PRECISION_F32 */
 } mm3_dit_gemm;
 typedef struct mm3_model_params {
   int n_threads;   /* 0 = all cores */
