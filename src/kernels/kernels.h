@@ -149,6 +149,15 @@ LinearWeight gemm_only_i8(const LinearWeight& w, const ThreadPool& pool, bool x_
 void linear(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const LinearWeight& w, float* y,
             int64_t ldy, DType store);
 
+// The gated FF's first half in one call: with y = linear(x, w) ([M, 2F], rows [a | g]),
+// act[m, j] = silu_mul(gate = y[m, F + j], up = y[m, j]) for j < F, rows of stride ldact: bitwise what
+// linear() and then silu_mul(..., store) write. A gemm_only_i8 weight takes each output row through
+// the GLU while it is in cache, so the [M, 2F] output never goes to memory (two passes over it fewer);
+// any other weight runs linear() into a scratch kept by the calling thread, then silu_mul.
+// w.out_features() must be even.
+void linear_glu(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const LinearWeight& w, float* act,
+                int64_t ldact, DType store);
+
 // linear() for a bf16 computation whose x is held as bf16 bits (rows of uint16_t, stride ldx), so
 // a caller that produces bf16 activations (layer_norm_bf16, silu_mul_bf16) hands them to the GEMM
 // without a float copy and a conversion pass: y bitwise what linear(x as floats, ..., BF16) writes.

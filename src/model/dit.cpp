@@ -307,7 +307,8 @@ void DiT::forward(const ThreadPool& pool, const std::vector<DitItem>& items, int
   grow(ws.qkv, B * S * 3 * D);
   grow(ws.att, B * S * D);
   grow(ws.tmp, B * S * D);
-  grow(ws.ff, B * S * 2 * F);
+  // the int8 profile's ff_in feeds the GLU row by row (linear_glu): no [B·S, 2F] buffer
+  if (W.blocks.empty() || W.blocks[0].ff_in.gemm_kind() != kern::GemmKind::I8Dnnl) grow(ws.ff, B * S * 2 * F);
   if (b16)
     grow(ws.act16, B * S * F);
   else
@@ -413,6 +414,11 @@ void DiT::forward(const ThreadPool& pool, const std::vector<DitItem>& items, int
         }
       });
       kern::linear_bf16_in(pool, ws.act16.data(), R, F, bl.ff_out, ws.tmp.data(), D);
+    } else if (bl.ff_in.gemm_kind() == kern::GemmKind::I8Dnnl) {
+      // the int8 profile: the GLU taken from each output row while it is in cache (kernels.h linear_glu;
+      // the same bits as below, without the [R, 2F] output in memory)
+      kern::linear_glu(pool, ws.n.data(), R, D, bl.ff_in, ws.act.data(), F, st);
+      kern::linear(pool, ws.act.data(), R, F, bl.ff_out, ws.tmp.data(), D, st);
     } else {
       kern::linear(pool, ws.n.data(), R, D, bl.ff_in, ws.ff.data(), 2 * F, st);
       pool.parallel_for(R, [&](int64_t r0, int64_t r1) {

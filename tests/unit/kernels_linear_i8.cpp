@@ -175,6 +175,35 @@ TEST(KernelsLinearI8, WithinTheQuantizationErrorOfTheExactProduct) {
   EXPECT_GT(rel, 1e-4) << "suspiciously exact for 127-level quantization: is the int8 path running?";
 }
 
+// kern::linear_glu: bitwise linear() then silu_mul(gate = y[:, F:], up = y[:, :F]), on the int8 form (fused,
+// both levels) and on a plain fp32 weight (the fallback), odd sizes, strided x / act with guard zones.
+// RED: gate and up swapped in the fused epilogue fails every case on the int8 form.
+TEST(KernelsLinearI8, LinearGluEqualsLinearThenSiluMul) {
+  const Case cases[] = {{1, 37, 30}, {5, 64, 66}, {37, 129, 34}, {130, 100, 96}, {9, 33, 2}};
+  ThreadPool pool(2);
+  uint64_t seed = 40;
+  for (const Case& c : cases)
+    for (int form = 0; form < 3; ++form)  // int8 one level, int8 two levels, plain fp32
+      for (DType store : {DType::F32, DType::BF16}) {
+        SCOPED_TRACE(::testing::Message() << "M=" << c.M << " K=" << c.K << " N=" << c.N << " form=" << form
+                                          << " store=" << dtype_name(store));
+        Rng rng(seed++);
+        const kern::LinearWeight plain = make_weight(rng, c.N, c.K, /*bias=*/true, DType::F32);
+        const kern::LinearWeight w = form == 2 ? plain : kern::gemm_only_i8(plain, pool, form == 1);
+        if (form < 2) MM3_REQUIRE_I8(w);
+        const int64_t F = c.N / 2, ldx = c.K + 1, lda = F + 3;
+        const std::vector<float> x = rng.vec(static_cast<size_t>(c.M * ldx), -2.f, 2.f);
+        std::vector<float> y(static_cast<size_t>(c.M * c.N)), want(static_cast<size_t>(c.M * F));
+        kern::linear(pool, x.data(), c.M, ldx, w, y.data(), c.N, store);
+        for (int64_t m = 0; m < c.M; ++m)
+          kern::silu_mul(y.data() + m * c.N + F, y.data() + m * c.N, want.data() + m * F, F, store);
+        Guarded act(c.M, F, lda);
+        kern::linear_glu(pool, x.data(), c.M, ldx, w, act.data(), lda, store);
+        EXPECT_EQ(bit_mismatches(act.data(), lda, want, c.M, F), 0);
+        EXPECT_EQ(act.touched_outside(), 0);
+      }
+}
+
 TEST(KernelsLinearI8, TwoLevelActivationsLeaveTheWeightsError) {
   // Heavy-tailed rows, a ⊙ SiLU(g) of Gaussian-like a and g (the DiT's GLU output; max/rms ~10 over
   // 1024 values): one level of x is off by ~2.2% per product on its own, the weights by ~0.8%; the

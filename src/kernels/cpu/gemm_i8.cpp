@@ -208,7 +208,7 @@ LinearWeight gemm_only_i8(const LinearWeight& w, const ThreadPool& pool, bool x_
 namespace detail {
 
 void i8_linear(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const LinearWeight& w, float* y,
-               int64_t ldy, DType store) {
+               int64_t ldy, DType store, bool glu) {
   const auto& f = *static_cast<const I8Form*>(w.gemm_form());
   const int64_t N = f.N, K = f.K;
   const int64_t rows = f.two_level ? 2 * M : M;  // two-level: rows M.. hold the second levels
@@ -233,11 +233,17 @@ void i8_linear(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, c
   dnnl_matmul_i8(pool, xqp, rows, K, f.dnnl.get(), accp);
   const float* bias = w.bias_f32();
   pool.parallel_for(M, [&](int64_t b, int64_t e) {
-    for (int64_t m = b; m < e; ++m)
+    // glu: each row's output lands in this worker's row buffer (in cache) and leaves as the GLU's
+    thread_local aligned_vector<float> rowbuf;
+    if (glu && rowbuf.size() < static_cast<size_t>(N)) rowbuf.resize(static_cast<size_t>(N));
+    for (int64_t m = b; m < e; ++m) {
+      float* const yr = glu ? rowbuf.data() : y + m * ldy;
       if (f.two_level)
-        dequant_row2(accp + m * N, accp + (M + m) * N, f.comp.data(), f.sw.data(), sxp[m], bias, y + m * ldy, N, store);
+        dequant_row2(accp + m * N, accp + (M + m) * N, f.comp.data(), f.sw.data(), sxp[m], bias, yr, N, store);
       else
-        dequant_row(accp + m * N, f.comp.data(), f.sw.data(), sxp[m], bias, y + m * ldy, N, store);
+        dequant_row(accp + m * N, f.comp.data(), f.sw.data(), sxp[m], bias, yr, N, store);
+      if (glu) silu_mul(/*gate=*/yr + N / 2, /*up=*/yr, y + m * ldy, N / 2, store);
+    }
   });
 }
 

@@ -502,6 +502,26 @@ void linear(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, cons
   }
 }
 
+void linear_glu(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const LinearWeight& w, float* act,
+                int64_t ldact, DType store) {
+  const int64_t N = w.out_features(), F = N / 2, K = w.in_features();
+  MM3_CHECK(N > 0 && N % 2 == 0 && K > 0, "linear_glu: weight [{}, {}] needs an even, nonzero output count", N, K);
+  MM3_CHECK(M >= 0 && ldx >= K && ldact >= F, "linear_glu: M={} ldx={} ldact={} for weight [{}, {}]", M, ldx, ldact, N,
+            K);
+  if (M == 0) return;
+  if (w.gemm_kind() == GemmKind::I8Dnnl) {
+    detail::i8_linear(pool, x, M, ldx, w, act, ldact, store, /*glu=*/true);
+    return;
+  }
+  thread_local aligned_vector<float> y;
+  if (y.size() < static_cast<size_t>(M * N)) y.resize(static_cast<size_t>(M * N));
+  float* const yp = y.data();
+  linear(pool, x, M, ldx, w, yp, N, store);
+  pool.parallel_for(M, [&](int64_t b, int64_t e) {
+    for (int64_t m = b; m < e; ++m) silu_mul(/*gate=*/yp + m * N + F, /*up=*/yp + m * N, act + m * ldact, F, store);
+  });
+}
+
 void linear_bf16_in(const ThreadPool& pool, const uint16_t* x, int64_t M, int64_t ldx, const LinearWeight& w, float* y,
                     int64_t ldy, bool round_y) {
   const int64_t N = w.out_features(), K = w.in_features();
