@@ -3,6 +3,9 @@
 # the computation only, it is not a reference for values (the goldens are).
 # Run with the interpreter that has torch (Debian's python3-torch):
 #   /usr/bin/python3 bench/torch_reference.py dit_bf16 3      # DiT forward, L = 689, batch 1 (also dit_f32)
+#   /usr/bin/python3 bench/torch_reference.py dit_int8 3      # the same, its block Linears dynamically quantized
+#       (torch.ao quantize_dynamic, per-channel int8 weights, per-tensor int8 activations; the 'onednn'
+#       engine, the one Debian's torch has on x86); also prints rel_rms_vs_f32 of the output
 #   /usr/bin/python3 bench/torch_reference.py depth_bf16 5    # the 7 depth steps of one frame, 2 rows (eager)
 #   /usr/bin/python3 bench/torch_reference.py lm_step_bf16 5  # one LM decode step, 2 rows, 512 cached, 16385 head rows
 #   /usr/bin/python3 bench/torch_reference.py vocoder_f32 3   # the vocoder over one 689-latent window (also vocoder_bf16)
@@ -11,11 +14,12 @@ import sys, time, json, math, torch
 import torch.nn.functional as F
 torch.set_num_threads(2)
 torch.manual_seed(0)
-STAGES = ("dit_f32", "dit_bf16", "depth_bf16", "lm_step_bf16", "vocoder_f32", "vocoder_bf16")
+STAGES = ("dit_f32", "dit_bf16", "dit_int8", "depth_bf16", "lm_step_bf16", "vocoder_f32", "vocoder_bf16")
 if len(sys.argv) < 2 or sys.argv[1] not in STAGES:
     sys.exit("usage: torch_reference.py STAGE [RUNS]   (STAGE: " + ", ".join(STAGES) + "; see the header)")
 which = sys.argv[1]
 runs = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+extra = {}  # stage-specific fields of the JSON line
 
 def med(f, runs):
     f()  # warmup
@@ -31,7 +35,7 @@ def rope_partial(x, cos, sin):  # x [B,H,S,64]; rotate dims 0:32
     return torch.cat([r * cos + rh * sin, p], -1)
 
 if which.startswith("dit"):
-    dt = torch.bfloat16 if which == "dit_bf16" else torch.float32
+    dt = torch.bfloat16 if which == "dit_bf16" else torch.float32  # dit_int8: the f32 model, then quantized
     L, D, H, FF, NL = 689, 2048, 32, 8192, 36
     S = L + 1
     def W(o, i): return (torch.randn(o, i) * 0.02).to(dt)
@@ -46,6 +50,9 @@ if which.startswith("dit"):
     fr = torch.outer(torch.arange(S).float(), inv); emb = torch.cat([fr, fr], -1)
     cos, sin = emb.cos().to(dt), emb.sin().to(dt)
     temb = torch.randn(1, 1, D).to(dt)
+    def lin(l, name, x, b=None):  # a block Linear: the quantized module once dit_int8 made one
+        qm = l.get("q_" + name)
+        return qm(x) if qm is not None else F.linear(x, l[name], b)
     def fwd():
         with torch.no_grad():
             z = F.conv1d(x, pre.unsqueeze(-1)) + x
@@ -53,17 +60,31 @@ if which.startswith("dit"):
             h = torch.cat([temb, h], 1)
             for l in layers:
                 n = F.layer_norm(h, (D,), l["ln1w"], l["ln1b"], 1e-5)
-                q = F.linear(n, l["q"]).view(1, S, H, 64).transpose(1, 2)
-                k = F.linear(n, l["k"]).view(1, S, H, 64).transpose(1, 2)
-                v = F.linear(n, l["v"]).view(1, S, H, 64).transpose(1, 2)
+                q = lin(l, "q", n).view(1, S, H, 64).transpose(1, 2)
+                k = lin(l, "k", n).view(1, S, H, 64).transpose(1, 2)
+                v = lin(l, "v", n).view(1, S, H, 64).transpose(1, 2)
                 q, k = rope_partial(q, cos, sin), rope_partial(k, cos, sin)
                 a = torch.softmax((q @ k.transpose(-1, -2)) * 0.125, -1) @ v
-                h = h + F.linear(a.transpose(1, 2).reshape(1, S, D), l["o"])
+                h = h + lin(l, "o", a.transpose(1, 2).reshape(1, S, D))
                 n = F.layer_norm(h, (D,), l["ln2w"], l["ln2b"], 1e-5)
-                ag = F.linear(n, l["fi"], l["fib"])
-                h = h + F.linear(ag[..., :FF] * F.silu(ag[..., FF:]), l["fo"], l["fob"])
+                ag = lin(l, "fi", n, l["fib"])
+                h = h + lin(l, "fo", ag[..., :FF] * F.silu(ag[..., FF:]), l["fob"])
             o = F.linear(h[:, 1:], pout).transpose(1, 2)
             return F.conv1d(o, post.unsqueeze(-1)) + o
+    if which == "dit_int8":
+        # the f32 forward once, then every block Linear swapped for its dynamically quantized module
+        ref = fwd()
+        torch.backends.quantized.engine = "onednn"
+        qcfg = {torch.nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}
+        for l in layers:
+            for name, bias in (("q", None), ("k", None), ("v", None), ("o", None), ("fi", "fib"), ("fo", "fob")):
+                mod = torch.nn.Linear(l[name].shape[1], l[name].shape[0], bias=bias is not None)
+                with torch.no_grad():
+                    mod.weight.copy_(l[name])
+                    if bias: mod.bias.copy_(l[bias])
+                l["q_" + name] = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(mod), qcfg, dtype=torch.qint8)
+        got = fwd()
+        extra["rel_rms_vs_f32"] = ((got - ref).norm() / ref.norm()).item()
     m, ts = med(fwd, runs)
 elif which == "depth_bf16":
     dt = torch.bfloat16
@@ -131,7 +152,7 @@ elif which.startswith("vocoder"):
         print(json.dumps({"stage": "torch_" + which, "error": str(e).splitlines()[0], "torch": torch.__version__}))
         sys.exit(1)
     m, ts = med(voc, runs)
-if which != "lm_step_bf16": print(json.dumps({"stage": "torch_" + which, "median_s": m, "runs": ts, "torch": torch.__version__, "threads": torch.get_num_threads()}))
+if which != "lm_step_bf16": print(json.dumps({"stage": "torch_" + which, "median_s": m, "runs": ts, "torch": torch.__version__, "threads": torch.get_num_threads(), **extra}))
 
 if which == "lm_step_bf16":
     dt = torch.bfloat16
