@@ -158,6 +158,20 @@ void linear(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, cons
 void linear_glu(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const LinearWeight& w, float* act,
                 int64_t ldact, DType store);
 
+// y = add(y, linear(x, w)): a residual connection, y[m, n] = store(y[m, n] + store(sum + bias)), bitwise
+// linear() into a scratch and then add(). A gemm_only_i8 weight adds each output row as it scales the
+// integer sums (no [M, N] scratch, no separate pass); any other runs exactly that composition, with a
+// scratch kept by the calling thread. y must not overlap x.
+void linear_add(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const LinearWeight& w, float* y,
+                int64_t ldy, DType store);
+
+// The gated FF block with its residual: y = add(y, linear(linear_glu(x, w_in), w_out)), bitwise that
+// composition (w_in [2F, K] with rows [a | g], w_out [D, F]). With both weights gemm_only_i8, each row of
+// w_in's output goes through the GLU and onto w_out's integer levels while it is in cache, and w_out's
+// rows are added to y as they are scaled: neither the [M, 2F] nor the [M, F] floats go to memory.
+void ff_glu_add(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const LinearWeight& w_in,
+                const LinearWeight& w_out, float* y, int64_t ldy, DType store);
+
 // linear() for a bf16 computation whose x is held as bf16 bits (rows of uint16_t, stride ldx), so
 // a caller that produces bf16 activations (layer_norm_bf16, silu_mul_bf16) hands them to the GEMM
 // without a float copy and a conversion pass: y bitwise what linear(x as floats, ..., BF16) writes.

@@ -306,13 +306,17 @@ void DiT::forward(const ThreadPool& pool, const std::vector<DitItem>& items, int
     grow(ws.n, B * S * D);
   grow(ws.qkv, B * S * 3 * D);
   grow(ws.att, B * S * D);
-  grow(ws.tmp, B * S * D);
-  // the int8 profile's ff_in feeds the GLU row by row (linear_glu): no [B·S, 2F] buffer
-  if (W.blocks.empty() || W.blocks[0].ff_in.gemm_kind() != kern::GemmKind::I8Dnnl) grow(ws.ff, B * S * 2 * F);
-  if (b16)
-    grow(ws.act16, B * S * F);
-  else
-    grow(ws.act, B * S * F);
+  // the int8 profile's GEMMs add into h themselves, and its FF keeps its [B·S, 2F] and [B·S, F] floats in
+  // cache (kern::linear_add, kern::ff_glu_add): no tmp, ff or act buffers
+  const bool i8 = !W.blocks.empty() && W.blocks[0].ff_in.gemm_kind() == kern::GemmKind::I8Dnnl;
+  if (!i8) {
+    grow(ws.tmp, B * S * D);
+    grow(ws.ff, B * S * 2 * F);
+    if (b16)
+      grow(ws.act16, B * S * F);
+    else
+      grow(ws.act, B * S * F);
+  }
   grow(ws.tf, B * Fd);
   grow(ws.t1, B * D);
   grow(ws.po, L * C);
@@ -401,10 +405,20 @@ void DiT::forward(const ThreadPool& pool, const std::vector<DitItem>& items, int
       kern::attention(pool, qb, 3 * D, qb + D, qb + 2 * D, 3 * D, DType::F32, ws.att.data() + b * S * D, D, S, S, H,
                       H, hd, scale, /*causal=*/false, 0, st);
     }
-    kern::linear(pool, ws.att.data(), R, D, bl.o, ws.tmp.data(), D, st);
-    kern::add(h, ws.tmp.data(), h, R * D, st);
+    if (i8) {
+      kern::linear_add(pool, ws.att.data(), R, D, bl.o, h, D, st);
+    } else {
+      kern::linear(pool, ws.att.data(), R, D, bl.o, ws.tmp.data(), D, st);
+      kern::add(h, ws.tmp.data(), h, R * D, st);
+    }
     // x' = y + ff_out(a ⊙ SiLU(g)), [a | g] = ff_in(LN2(y))
     norm(bl.ln2_w, bl.ln2_b);
+    if (i8) {
+      // the int8 profile: ff_in's rows through the GLU and onto ff_out's integer levels while in cache,
+      // ff_out's rows added to h as they are scaled (kernels.h ff_glu_add; the same bits as below)
+      kern::ff_glu_add(pool, ws.n.data(), R, D, bl.ff_in, bl.ff_out, h, D, st);
+      continue;
+    }
     if (b16) {
       kern::linear_bf16_in(pool, ws.n16.data(), R, D, bl.ff_in, ws.ff.data(), 2 * F, /*round_y=*/false);
       pool.parallel_for(R, [&](int64_t r0, int64_t r1) {
@@ -414,11 +428,6 @@ void DiT::forward(const ThreadPool& pool, const std::vector<DitItem>& items, int
         }
       });
       kern::linear_bf16_in(pool, ws.act16.data(), R, F, bl.ff_out, ws.tmp.data(), D);
-    } else if (bl.ff_in.gemm_kind() == kern::GemmKind::I8Dnnl) {
-      // the int8 profile: the GLU taken from each output row while it is in cache (kernels.h linear_glu;
-      // the same bits as below, without the [R, 2F] output in memory)
-      kern::linear_glu(pool, ws.n.data(), R, D, bl.ff_in, ws.act.data(), F, st);
-      kern::linear(pool, ws.act.data(), R, F, bl.ff_out, ws.tmp.data(), D, st);
     } else {
       kern::linear(pool, ws.n.data(), R, D, bl.ff_in, ws.ff.data(), 2 * F, st);
       pool.parallel_for(R, [&](int64_t r0, int64_t r1) {

@@ -11,6 +11,7 @@
 // returns an empty weight.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -201,6 +202,75 @@ TEST(KernelsLinearI8, LinearGluEqualsLinearThenSiluMul) {
         kern::linear_glu(pool, x.data(), c.M, ldx, w, act.data(), lda, store);
         EXPECT_EQ(bit_mismatches(act.data(), lda, want, c.M, F), 0);
         EXPECT_EQ(act.touched_outside(), 0);
+      }
+}
+
+// linear_add: y + linear(x), bitwise linear() into a scratch then add(), for every form; y's rows
+// strided, nothing outside them written. RED: the i8 epilogue adding y before rounding the product to
+// the store fails the one-level bf16 cases.
+TEST(KernelsLinearI8, LinearAddEqualsLinearThenAdd) {
+  const Case cases[] = {{1, 37, 30}, {5, 64, 66}, {37, 129, 34}, {130, 100, 97}, {9, 33, 1}};
+  ThreadPool pool(2);
+  uint64_t seed = 60;
+  for (const Case& c : cases)
+    for (int form = 0; form < 3; ++form)  // int8 one level, int8 two levels, plain fp32
+      for (DType store : {DType::F32, DType::BF16}) {
+        SCOPED_TRACE(::testing::Message() << "M=" << c.M << " K=" << c.K << " N=" << c.N << " form=" << form
+                                          << " store=" << dtype_name(store));
+        Rng rng(seed++);
+        const kern::LinearWeight plain = make_weight(rng, c.N, c.K, /*bias=*/true, DType::F32);
+        const kern::LinearWeight w = form == 2 ? plain : kern::gemm_only_i8(plain, pool, form == 1);
+        if (form < 2) MM3_REQUIRE_I8(w);
+        const int64_t ldx = c.K + 1, ldy = c.N + 5;
+        const std::vector<float> x = rng.vec(static_cast<size_t>(c.M * ldx), -2.f, 2.f);
+        const std::vector<float> h = rng.vec(static_cast<size_t>(c.M * c.N), -3.f, 3.f);
+        std::vector<float> t(static_cast<size_t>(c.M * c.N)), want(t.size());
+        kern::linear(pool, x.data(), c.M, ldx, w, t.data(), c.N, store);
+        kern::add(h.data(), t.data(), want.data(), c.M * c.N, store);
+        Guarded y(c.M, c.N, ldy);
+        for (int64_t m = 0; m < c.M; ++m) std::copy_n(h.data() + m * c.N, c.N, y.data() + m * ldy);
+        kern::linear_add(pool, x.data(), c.M, ldx, w, y.data(), ldy, store);
+        EXPECT_EQ(bit_mismatches(y.data(), ldy, want, c.M, c.N), 0);
+        EXPECT_EQ(y.touched_outside(), 0);
+      }
+}
+
+// ff_glu_add: y + linear(linear_glu(x, w_in), w_out), bitwise that composition, with the DiT's int8
+// forms (w_in one level, w_out two levels), both one level, and plain fp32. RED: the fused GLU with gate
+// and up swapped fails every int8 case.
+TEST(KernelsLinearI8, FfGluAddEqualsItsComposition) {
+  struct FfCase {
+    int64_t M, K, F, D;
+  };
+  const FfCase cases[] = {{1, 37, 15, 30}, {6, 64, 33, 66}, {37, 129, 17, 34}, {130, 100, 48, 97}};
+  ThreadPool pool(2);
+  uint64_t seed = 80;
+  for (const FfCase& c : cases)
+    for (int form = 0; form < 3; ++form)  // DiT's int8 (out on two levels), int8 one level, plain fp32
+      for (DType store : {DType::F32, DType::BF16}) {
+        SCOPED_TRACE(::testing::Message() << "M=" << c.M << " K=" << c.K << " F=" << c.F << " D=" << c.D
+                                          << " form=" << form << " store=" << dtype_name(store));
+        Rng rng(seed++);
+        const kern::LinearWeight pin = make_weight(rng, 2 * c.F, c.K, /*bias=*/true, DType::F32);
+        const kern::LinearWeight pout = make_weight(rng, c.D, c.F, /*bias=*/true, DType::F32);
+        const kern::LinearWeight win = form == 2 ? pin : kern::gemm_only_i8(pin, pool, false);
+        const kern::LinearWeight wout = form == 2 ? pout : kern::gemm_only_i8(pout, pool, form == 0);
+        if (form < 2) {
+          MM3_REQUIRE_I8(win);
+          MM3_REQUIRE_I8(wout);
+        }
+        const int64_t ldx = c.K + 3, ldy = c.D + 2;
+        const std::vector<float> x = rng.vec(static_cast<size_t>(c.M * ldx), -2.f, 2.f);
+        const std::vector<float> h = rng.vec(static_cast<size_t>(c.M * c.D), -3.f, 3.f);
+        std::vector<float> act(static_cast<size_t>(c.M * c.F)), t(static_cast<size_t>(c.M * c.D)), want(t.size());
+        kern::linear_glu(pool, x.data(), c.M, ldx, win, act.data(), c.F, store);
+        kern::linear(pool, act.data(), c.M, c.F, wout, t.data(), c.D, store);
+        kern::add(h.data(), t.data(), want.data(), c.M * c.D, store);
+        Guarded y(c.M, c.D, ldy);
+        for (int64_t m = 0; m < c.M; ++m) std::copy_n(h.data() + m * c.D, c.D, y.data() + m * ldy);
+        kern::ff_glu_add(pool, x.data(), c.M, ldx, win, wout, y.data(), ldy, store);
+        EXPECT_EQ(bit_mismatches(y.data(), ldy, want, c.M, c.D), 0);
+        EXPECT_EQ(y.touched_outside(), 0);
       }
 }
 

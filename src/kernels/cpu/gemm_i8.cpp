@@ -123,9 +123,10 @@ void quantize_row_level2(const float* x, int64_t n, const uint8_t* q1, float inv
   }
 }
 
-// y row m = store(fma(float(acc − comp), sx · sw, bias)) over n < N.
+// y row m = store(fma(float(acc − comp), sx · sw, bias)) over n < N; accumulate: y = store(y + that),
+// bitwise linear() into a scratch and then add() (the residual connection, one pass fewer).
 void dequant_row(const int32_t* acc, const int32_t* comp, const float* sw, float sx, const float* bias, float* y,
-                 int64_t N, DType store) {
+                 int64_t N, DType store, bool accumulate) {
   int64_t n = 0;
 #if defined(__AVX512F__)
   const __m512 vsx = _mm512_set1_ps(sx);
@@ -133,19 +134,22 @@ void dequant_row(const int32_t* acc, const int32_t* comp, const float* sw, float
     const __m512 d = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(acc + n), _mm512_loadu_si512(comp + n)));
     const __m512 s = _mm512_mul_ps(vsx, _mm512_loadu_ps(sw + n));
     const __m512 b = bias ? _mm512_loadu_ps(bias + n) : _mm512_setzero_ps();
-    _mm512_storeu_ps(y + n, detail::round_store_v(_mm512_fmadd_ps(d, s, b), store));
+    __m512 v = detail::round_store_v(_mm512_fmadd_ps(d, s, b), store);
+    if (accumulate) v = detail::round_store_v(_mm512_add_ps(_mm512_loadu_ps(y + n), v), store);
+    _mm512_storeu_ps(y + n, v);
   }
 #endif
   for (; n < N; ++n) {
-    const float v = std::fma(static_cast<float>(acc[n] - comp[n]), sx * sw[n], bias ? bias[n] : 0.0f);
-    y[n] = store == DType::BF16 ? round_bf16(v) : v;
+    float v = round_store(std::fma(static_cast<float>(acc[n] - comp[n]), sx * sw[n], bias ? bias[n] : 0.0f), store);
+    if (accumulate) v = round_store(y[n] + v, store);
+    y[n] = v;
   }
 }
 
 // The two-level form: y = store(fma(float(acc1 − comp), s, fma(float(acc2 − comp), s · (1/128), bias))),
-// s = sx · sw.
+// s = sx · sw; accumulate as dequant_row's.
 void dequant_row2(const int32_t* acc1, const int32_t* acc2, const int32_t* comp, const float* sw, float sx,
-                  const float* bias, float* y, int64_t N, DType store) {
+                  const float* bias, float* y, int64_t N, DType store, bool accumulate) {
   int64_t n = 0;
 #if defined(__AVX512F__)
   const __m512 vsx = _mm512_set1_ps(sx), eighth = _mm512_set1_ps(1.0f / 128.0f);
@@ -156,16 +160,54 @@ void dequant_row2(const int32_t* acc1, const int32_t* acc2, const int32_t* comp,
     const __m512 s = _mm512_mul_ps(vsx, _mm512_loadu_ps(sw + n));
     const __m512 b = bias ? _mm512_loadu_ps(bias + n) : _mm512_setzero_ps();
     const __m512 lo = _mm512_fmadd_ps(d2, _mm512_mul_ps(s, eighth), b);
-    _mm512_storeu_ps(y + n, detail::round_store_v(_mm512_fmadd_ps(d1, s, lo), store));
+    __m512 v = detail::round_store_v(_mm512_fmadd_ps(d1, s, lo), store);
+    if (accumulate) v = detail::round_store_v(_mm512_add_ps(_mm512_loadu_ps(y + n), v), store);
+    _mm512_storeu_ps(y + n, v);
   }
 #endif
   for (; n < N; ++n) {
     const float s = sx * sw[n];
     const float lo = std::fma(static_cast<float>(acc2[n] - comp[n]), s * (1.0f / 128.0f), bias ? bias[n] : 0.0f);
-    const float v = std::fma(static_cast<float>(acc1[n] - comp[n]), s, lo);
-    y[n] = store == DType::BF16 ? round_bf16(v) : v;
+    float v = round_store(std::fma(static_cast<float>(acc1[n] - comp[n]), s, lo), store);
+    if (accumulate) v = round_store(y[n] + v, store);
+    y[n] = v;
   }
 }
+
+// The scratch of one i8 GEMM, kept per calling thread (a fresh one per call would fault its pages in
+// again; the workers get its addresses): x's levels (rows M.. the second levels of a two-level form),
+// the int32 sums, x's row scales.
+struct I8Scratch {
+  aligned_vector<uint8_t> xq;
+  aligned_vector<int32_t> acc;
+  std::vector<float> sx;
+  void reserve(const I8Form& f, int64_t M) {
+    const int64_t rows = f.two_level ? 2 * M : M;
+    if (xq.size() < static_cast<size_t>(rows * f.K)) xq.resize(static_cast<size_t>(rows * f.K));
+    if (acc.size() < static_cast<size_t>(rows * f.N)) acc.resize(static_cast<size_t>(rows * f.N));
+    if (sx.size() < static_cast<size_t>(M)) sx.resize(static_cast<size_t>(M));
+  }
+  // Row m of x (K values) on f's levels.
+  void quantize(const I8Form& f, int64_t M, int64_t m, const float* xr) {
+    float inv = 0.0f;
+    uint8_t* const q1 = xq.data() + m * f.K;
+    sx[static_cast<size_t>(m)] = quantize_row(xr, f.K, q1, 128, &inv);
+    if (f.two_level) quantize_row_level2(xr, f.K, q1, inv, inv != 0.0f, xq.data() + (M + m) * f.K);
+  }
+  void gemm(const ThreadPool& pool, const I8Form& f, int64_t M) {
+    detail::dnnl_matmul_i8(pool, xq.data(), f.two_level ? 2 * M : M, f.K, f.dnnl.get(), acc.data());
+  }
+  // Output row m (N values) into y (accumulate: added to y's values).
+  void dequantize(const I8Form& f, int64_t M, int64_t m, const float* bias, float* y, DType store,
+                  bool accumulate) const {
+    const float s = sx[static_cast<size_t>(m)];
+    if (f.two_level)
+      dequant_row2(acc.data() + m * f.N, acc.data() + (M + m) * f.N, f.comp.data(), f.sw.data(), s, bias, y, f.N, store,
+                   accumulate);
+    else
+      dequant_row(acc.data() + m * f.N, f.comp.data(), f.sw.data(), s, bias, y, f.N, store, accumulate);
+  }
+};
 
 }  // namespace
 
@@ -208,42 +250,62 @@ LinearWeight gemm_only_i8(const LinearWeight& w, const ThreadPool& pool, bool x_
 namespace detail {
 
 void i8_linear(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const LinearWeight& w, float* y,
-               int64_t ldy, DType store, bool glu) {
+               int64_t ldy, DType store, I8Sink sink) {
   const auto& f = *static_cast<const I8Form*>(w.gemm_form());
-  const int64_t N = f.N, K = f.K;
-  const int64_t rows = f.two_level ? 2 * M : M;  // two-level: rows M.. hold the second levels
-  // Scratch kept per calling thread (a fresh one per call would fault its pages in again); the
-  // workers get its address.
-  thread_local aligned_vector<uint8_t> xq;
-  thread_local aligned_vector<int32_t> acc;
-  thread_local std::vector<float> sx;
-  if (xq.size() < static_cast<size_t>(rows * K)) xq.resize(static_cast<size_t>(rows * K));
-  if (acc.size() < static_cast<size_t>(rows * N)) acc.resize(static_cast<size_t>(rows * N));
-  if (sx.size() < static_cast<size_t>(M)) sx.resize(static_cast<size_t>(M));
-  uint8_t* const xqp = xq.data();
-  float* const sxp = sx.data();
-  int32_t* const accp = acc.data();
+  thread_local I8Scratch sc;
+  sc.reserve(f, M);
+  I8Scratch* const scp = &sc;
   pool.parallel_for(M, [&](int64_t b, int64_t e) {
-    for (int64_t m = b; m < e; ++m) {
-      float inv = 0.0f;
-      sxp[m] = quantize_row(x + m * ldx, K, xqp + m * K, 128, &inv);
-      if (f.two_level) quantize_row_level2(x + m * ldx, K, xqp + m * K, inv, inv != 0.0f, xqp + (M + m) * K);
-    }
+    for (int64_t m = b; m < e; ++m) scp->quantize(f, M, m, x + m * ldx);
   });
-  dnnl_matmul_i8(pool, xqp, rows, K, f.dnnl.get(), accp);
+  sc.gemm(pool, f, M);
   const float* bias = w.bias_f32();
+  const int64_t N = f.N;
   pool.parallel_for(M, [&](int64_t b, int64_t e) {
     // glu: each row's output lands in this worker's row buffer (in cache) and leaves as the GLU's
     thread_local aligned_vector<float> rowbuf;
+    const bool glu = sink == I8Sink::Glu;
     if (glu && rowbuf.size() < static_cast<size_t>(N)) rowbuf.resize(static_cast<size_t>(N));
     for (int64_t m = b; m < e; ++m) {
       float* const yr = glu ? rowbuf.data() : y + m * ldy;
-      if (f.two_level)
-        dequant_row2(accp + m * N, accp + (M + m) * N, f.comp.data(), f.sw.data(), sxp[m], bias, yr, N, store);
-      else
-        dequant_row(accp + m * N, f.comp.data(), f.sw.data(), sxp[m], bias, yr, N, store);
+      scp->dequantize(f, M, m, bias, yr, store, sink == I8Sink::Add);
       if (glu) silu_mul(/*gate=*/yr + N / 2, /*up=*/yr, y + m * ldy, N / 2, store);
     }
+  });
+}
+
+void i8_ff_glu_add(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const LinearWeight& w_in,
+                   const LinearWeight& w_out, float* y, int64_t ldy, DType store) {
+  const auto& fi = *static_cast<const I8Form*>(w_in.gemm_form());
+  const auto& fo = *static_cast<const I8Form*>(w_out.gemm_form());
+  const int64_t F = fi.N / 2;
+  thread_local I8Scratch s_in, s_out;
+  s_in.reserve(fi, M);
+  s_out.reserve(fo, M);
+  I8Scratch* const a = &s_in;
+  I8Scratch* const o = &s_out;
+  pool.parallel_for(M, [&](int64_t b, int64_t e) {
+    for (int64_t m = b; m < e; ++m) a->quantize(fi, M, m, x + m * ldx);
+  });
+  a->gemm(pool, fi, M);
+  // Each row of w_in's output through the GLU and onto w_out's levels while it is in cache: the
+  // [M, F] activations never go to memory as floats.
+  const float* bias_in = w_in.bias_f32();
+  pool.parallel_for(M, [&](int64_t b, int64_t e) {
+    thread_local aligned_vector<float> rowbuf;
+    if (rowbuf.size() < static_cast<size_t>(3 * F)) rowbuf.resize(static_cast<size_t>(3 * F));
+    float* const yr = rowbuf.data();
+    float* const act = yr + 2 * F;
+    for (int64_t m = b; m < e; ++m) {
+      a->dequantize(fi, M, m, bias_in, yr, store, false);
+      silu_mul(/*gate=*/yr + F, /*up=*/yr, act, F, store);
+      o->quantize(fo, M, m, act);
+    }
+  });
+  o->gemm(pool, fo, M);
+  const float* bias_out = w_out.bias_f32();
+  pool.parallel_for(M, [&](int64_t b, int64_t e) {
+    for (int64_t m = b; m < e; ++m) o->dequantize(fo, M, m, bias_out, y + m * ldy, store, true);
   });
 }
 

@@ -83,10 +83,16 @@ std::shared_ptr<const void> dnnl_pack_i8(const int8_t* plain, int64_t N, int64_t
 // acc [M, N] dense = sum_k xq[m, k] · W[n, k] exactly in int32, xq u8 rows of stride ldx.
 void dnnl_matmul_i8(const ThreadPool& pool, const uint8_t* xq, int64_t M, int64_t ldx, const void* form, int32_t* acc);
 
-// linear() on a gemm_only_i8 form (gemm_i8.cpp); glu: linear_glu's fused form (y is then the GLU's
-// [M, N/2] output, stride ldy).
+// linear() on a gemm_only_i8 form (gemm_i8.cpp). What becomes of each output row: Store (linear), Glu
+// (linear_glu's fused form: y is then the GLU's [M, N/2] output, stride ldy), Add (linear_add's: added
+// to y's values).
+enum class I8Sink { Store, Glu, Add };
 void i8_linear(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const LinearWeight& w, float* y,
-               int64_t ldy, DType store, bool glu = false);
+               int64_t ldy, DType store, I8Sink sink = I8Sink::Store);
+// ff_glu_add on two gemm_only_i8 forms: w_in's output rows go through the GLU and onto w_out's levels
+// while in cache.
+void i8_ff_glu_add(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const LinearWeight& w_in,
+                   const LinearWeight& w_out, float* y, int64_t ldy, DType store);
 
 // linear() on a gemm_strassen_f32 form (gemm_strassen.cpp).
 void strassen_linear(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const LinearWeight& w, float* y,

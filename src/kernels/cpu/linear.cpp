@@ -510,7 +510,7 @@ void linear_glu(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, 
             K);
   if (M == 0) return;
   if (w.gemm_kind() == GemmKind::I8Dnnl) {
-    detail::i8_linear(pool, x, M, ldx, w, act, ldact, store, /*glu=*/true);
+    detail::i8_linear(pool, x, M, ldx, w, act, ldact, store, detail::I8Sink::Glu);
     return;
   }
   thread_local aligned_vector<float> y;
@@ -520,6 +520,44 @@ void linear_glu(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, 
   pool.parallel_for(M, [&](int64_t b, int64_t e) {
     for (int64_t m = b; m < e; ++m) silu_mul(/*gate=*/yp + m * N + F, /*up=*/yp + m * N, act + m * ldact, F, store);
   });
+}
+
+void linear_add(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const LinearWeight& w, float* y,
+                int64_t ldy, DType store) {
+  const int64_t N = w.out_features(), K = w.in_features();
+  MM3_CHECK(N > 0 && K > 0, "linear_add: empty weight [{}, {}]", N, K);
+  MM3_CHECK(M >= 0 && ldx >= K && ldy >= N, "linear_add: M={} ldx={} ldy={} for weight [{}, {}]", M, ldx, ldy, N, K);
+  if (M == 0) return;
+  if (w.gemm_kind() == GemmKind::I8Dnnl) {
+    detail::i8_linear(pool, x, M, ldx, w, y, ldy, store, detail::I8Sink::Add);
+    return;
+  }
+  thread_local aligned_vector<float> t;
+  if (t.size() < static_cast<size_t>(M * N)) t.resize(static_cast<size_t>(M * N));
+  float* const tp = t.data();
+  linear(pool, x, M, ldx, w, tp, N, store);
+  pool.parallel_for(M, [&](int64_t b, int64_t e) {
+    for (int64_t m = b; m < e; ++m) add(y + m * ldy, tp + m * N, y + m * ldy, N, store);
+  });
+}
+
+void ff_glu_add(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const LinearWeight& w_in,
+                const LinearWeight& w_out, float* y, int64_t ldy, DType store) {
+  const int64_t F = w_in.out_features() / 2, K = w_in.in_features(), D = w_out.out_features();
+  MM3_CHECK(F > 0 && w_in.out_features() % 2 == 0 && K > 0 && D > 0 && w_out.in_features() == F,
+            "ff_glu_add: weights [{}, {}] and [{}, {}] do not make a gated FF", w_in.out_features(), K, D,
+            w_out.in_features());
+  MM3_CHECK(M >= 0 && ldx >= K && ldy >= D, "ff_glu_add: M={} ldx={} ldy={} for weights [{}, {}], [{}, {}]", M, ldx,
+            ldy, 2 * F, K, D, F);
+  if (M == 0) return;
+  if (w_in.gemm_kind() == GemmKind::I8Dnnl && w_out.gemm_kind() == GemmKind::I8Dnnl) {
+    detail::i8_ff_glu_add(pool, x, M, ldx, w_in, w_out, y, ldy, store);
+    return;
+  }
+  thread_local aligned_vector<float> act;
+  if (act.size() < static_cast<size_t>(M * F)) act.resize(static_cast<size_t>(M * F));
+  linear_glu(pool, x, M, ldx, w_in, act.data(), F, store);
+  linear_add(pool, act.data(), M, F, w_out, y, ldy, store);
 }
 
 void linear_bf16_in(const ThreadPool& pool, const uint16_t* x, int64_t M, int64_t ldx, const LinearWeight& w, float* y,
