@@ -54,9 +54,9 @@ struct DitItem {
 // How the DiT's block GEMMs (q | k | v, o, ff_in, ff_out: all but ~0.1% of its FLOPs) hold and run
 // their weights under the fp32 compute profile. Exact: fp32 (the reference). Int8: W8A8
 // (kern::gemm_only_i8: per-row weight scales, per-token activation scales at every call, ff_out's
-// heavy-tailed input on two levels, exact int32 sums; ff_in's output fed to the GLU row by row by
-// kern::linear_glu), an opt-in that trades accuracy for speed; every other op, and the small GEMMs at the ends,
-// stay fp32. Where the CPU has no int8 GEMM (no AVX512-VNNI) Int8 runs the fp32 weights and says so.
+// heavy-tailed input on two levels, exact int32 sums; the FF block run by kern::ff_glu_add and o by
+// kern::linear_add, so the GLU and both residual adds happen row by row in cache), an opt-in that
+// trades accuracy for speed; every other op, and the small GEMMs at the ends, stay fp32. Where the CPU has no int8 GEMM (no AVX512-VNNI) Int8 runs the fp32 weights and says so.
 enum class DitGemm : uint8_t { Exact, Int8 };
 const char* dit_gemm_name(DitGemm g);  // "exact" / "int8"
 
