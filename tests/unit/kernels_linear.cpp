@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/aligned.h"
+#include "kernels/cpu/gemm_nt.h"
 #include "kernels/kernels.h"
 #include "kernels/ref/ref_kernels.h"
 #include "kernels_util.h"
@@ -448,6 +449,35 @@ TEST(KernelsGemm, MatchesRefAllTransposes) {
                                            return (K + 3) * 0.5 * test::kEps32 * s;
                                          }),
                   0);
+      }
+}
+
+// pack_bf16_panels_from_f32_serial (the DiT attention's K and V, packed for the bf16 tiles straight from
+// the fp32 q|k|v rows) against what it stands for: f32_to_bf16 into an n-major copy, then
+// pack_bf16_panels_serial. Bitwise, both layouts, odd N and K around the 16-row / 32-column strip, the
+// 256-k block and the 128-column panel edges, strided rows; values with rounding ties, NaN, infinities
+// and subnormals. RED: the even / odd halves of a pair word swapped; the k-major pad pair's second row
+// read past K; rows past N packed from memory instead of zeros.
+TEST(KernelsPack, Bf16PanelsFromF32EqualConvertThenPack) {
+  Rng rng(91);
+  const std::vector<float> specials = {0.f,     -0.f,     1.00390625f, 1.01171875f, -1.00390625f, 1e-40f,
+                                       -3e-39f, INFINITY, -INFINITY,   NAN,         3.4e38f,      65504.f};
+  for (const bool kmajor : {false, true})
+    for (const int64_t N : {1, 7, 16, 31, 33, 64, 129, 300})
+      for (const int64_t K : {1, 2, 3, 30, 33, 64, 255, 256, 258, 513}) {
+        SCOPED_TRACE(::testing::Message() << "kmajor=" << kmajor << " N=" << N << " K=" << K);
+        const int64_t rows = kmajor ? K : N, cols = kmajor ? N : K, ld = cols + 5;
+        std::vector<float> B = rng.vec(static_cast<size_t>(rows * ld + 64), -3.f, 3.f);  // + a tail past the last row
+        for (size_t i = 0; i < B.size(); i += 7) B[i] = specials[(i / 7) % specials.size()];
+        std::vector<uint16_t> nm(static_cast<size_t>(N * K));
+        for (int64_t n = 0; n < N; ++n)
+          for (int64_t k = 0; k < K; ++k)
+            nm[size_t(n * K + k)] = f32_to_bf16_bits(kmajor ? B[k * ld + n] : B[n * ld + k]);
+        const size_t size = static_cast<size_t>(kern::detail::pack_bf16_panels_size(N, K));
+        std::vector<uint16_t> want(size, 0xBEEF), got(size, 0xBEEF);
+        kern::detail::pack_bf16_panels_serial(nm.data(), K, N, K, want.data());
+        kern::detail::pack_bf16_panels_from_f32_serial(B.data(), ld, kmajor, N, K, got.data());
+        ASSERT_EQ(std::memcmp(got.data(), want.data(), size * 2), 0);
       }
 }
 

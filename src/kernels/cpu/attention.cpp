@@ -131,6 +131,9 @@ void softmax_numerators(float* S, int64_t lds, int rows, const int64_t* nk, int6
                         float scale, float* alpha, float* inv, uint16_t* p16 = nullptr, int64_t ldp = 0) {
   const bool bf = store == DType::BF16;
   const __m512 vsc = _mm512_set1_ps(scale);
+  alignas(64) static const uint16_t odd_words[32] = {1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31,
+                                                     33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
+  const __m512i odd16 = _mm512_load_si512(odd_words);
   for (int r = 0; r < rows; ++r) {
     float* s = S + size_t(r) * lds;
     uint16_t* p = p16 ? p16 + size_t(r) * ldp : nullptr;
@@ -147,7 +150,26 @@ void softmax_numerators(float* S, int64_t lds, int rows, const int64_t* nk, int6
       const float m_new = std::max(m_run, _mm512_reduce_max_ps(mx));
       const __m512 m = _mm512_set1_ps(m_new);
       __m512 lanes[3] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-      for (int64_t j = j0; j < vend; j += 16) {
+      int64_t j = j0;
+      if (bf) {
+        // Whole 32-key steps of the paired part first, as the loop below would take them (slots 0 and 1
+        // alternate), with the accumulators in registers and the 32 bf16 numerators gathered into one
+        // 64-byte store (GCC turned the 16-wide store into VPMOVDW to memory, ~1/4 of this pass).
+        const int64_t vfast = std::min(vend, vend2);
+        __m512 l0 = lanes[0], l1 = lanes[1];
+        for (; j + 32 <= vfast; j += 32) {
+          const __m512 e0 = detail::fexp20_v(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(s + j), vsc), m));
+          const __m512 e1 = detail::fexp20_v(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(s + j + 16), vsc), m));
+          l0 = _mm512_add_ps(l0, e0), l1 = _mm512_add_ps(l1, e1);
+          if (p)  // the upper halves of the rounded values, in order
+            _mm512_storeu_si512(p + j, _mm512_permutex2var_epi16(_mm512_castps_si512(detail::round_bf16_v(e0)), odd16,
+                                                                 _mm512_castps_si512(detail::round_bf16_v(e1))));
+          else
+            _mm512_storeu_ps(s + j, detail::round_bf16_v(e0)), _mm512_storeu_ps(s + j + 16, detail::round_bf16_v(e1));
+        }
+        lanes[0] = l0, lanes[1] = l1;
+      }
+      for (; j < vend; j += 16) {
         const __mmask16 msk = lane_mask(vend - j);
         const __m512 x = _mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(s + j), vsc), m);
         const __m512 e = bf ? detail::fexp20_v(x) : detail::exp20_v(x);
@@ -524,9 +546,6 @@ void attention_gemm(const ThreadPool& pool, const float* q, int64_t ldq, const f
   int64_t lds = (Skv + 15) / 16 * 16;
   if (lds % 1024 == 0) lds += 16;  // no 4 KiB-aliased rows
   const bool bfdot = store == DType::BF16 && detail::cpu_has_avx512bf16();
-  const int64_t hd = int64_t(Hkv) * D;
-  int64_t ldvt = (Skv + 31) / 32 * 32;
-  if (ldvt % 2048 == 0) ldvt += 32;  // no 4 KiB-aliased rows
   const int64_t Dp = (D + 1) & ~int64_t(1);  // bf16 rows of Q padded to whole pairs
   // Each KV head's K (B of S = Q K^T: [Skv, D]) and its V blocks (B of O_b = P_b V_b: [D, w] per 512-key
   // block) packed once per call in the layout the GEMM tiles read, shared by the head's query blocks
@@ -537,46 +556,25 @@ void attention_gemm(const ThreadPool& pool, const float* q, int64_t ldq, const f
   // Scratch kept between calls (the caller's for K / V^T and the packed forms, each worker's for its
   // blocks): fresh zeroed buffers per call and per chunk cost their memset and page faults, ~1/3 of the
   // samples of attention_dit_L690_bf16. Every element a GEMM reads is written first.
-  thread_local aligned_vector<uint16_t> kb_buf, vt_buf, pk16_buf;
+  thread_local aligned_vector<uint16_t> pk16_buf;
   thread_local aligned_vector<float> pk32_buf;
   uint16_t* pk16 = nullptr;
   float* pk32 = nullptr;
   if (bfdot) {
-    if (kb_buf.size() < static_cast<size_t>(Skv * hd)) kb_buf.resize(static_cast<size_t>(Skv * hd));
-    if (vt_buf.size() < static_cast<size_t>(hd * ldvt)) vt_buf.resize(static_cast<size_t>(hd * ldvt));
     if (pk16_buf.size() < static_cast<size_t>(Hkv * per_head)) pk16_buf.resize(static_cast<size_t>(Hkv * per_head));
     pk16 = pk16_buf.data();
-    uint16_t* const kb = kb_buf.data();
-    uint16_t* const vt = vt_buf.data();
-    pool.parallel_for(
-        Skv,
-        [&](int64_t j0, int64_t j1) {
-          for (int64_t j = j0; j < j1; ++j) f32_to_bf16(k + j * ldkv, kb + j * hd, static_cast<size_t>(hd));
-        },
-        16);
-    // V^T in 32-key x 16-dim blocks (each block's reads and writes stay in a few cache lines).
-    const int64_t nkb = (Skv + 31) / 32;
-    pool.parallel_for(
-        nkb * ((hd + 15) / 16),
-        [&](int64_t t0, int64_t t1) {
-          for (int64_t t = t0; t < t1; ++t) {
-            const int64_t j0 = (t % nkb) * 32, c0 = (t / nkb) * 16;
-            const int64_t j1 = std::min(Skv, j0 + 32), c1 = std::min(hd, c0 + 16);
-            for (int64_t c = c0; c < c1; ++c)
-              for (int64_t j = j0; j < j1; ++j) vt[c * ldvt + j] = f32_to_bf16_bits(v[j * ldkv + c]);
-          }
-        },
-        8);
+    // K (n-major rows) and V (k-major: B[d, j] = V[j0 + j, d]) packed straight from the fp32 rows, rounded
+    // to bf16 as read (a bf16 copy of K and a transposed bf16 copy of V took ~1/5 of this kernel)
     pool.parallel_for(int64_t(Hkv) * (1 + nblk), [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t hk = t / (1 + nblk), b = t % (1 + nblk) - 1;
         uint16_t* dst = pk16 + hk * per_head;
         if (b < 0) {
-          detail::pack_bf16_panels_serial(kb + hk * D, hd, Skv, D, dst);
+          detail::pack_bf16_panels_from_f32_serial(k + hk * D, ldkv, /*b_kmajor=*/false, Skv, D, dst);
         } else {
           const int64_t j0 = b * kRefKv;
-          detail::pack_bf16_panels_serial(vt + hk * D * ldvt + j0, ldvt, D, std::min(kRefKv, Skv - j0),
-                                          dst + kpack + b * vpack);
+          detail::pack_bf16_panels_from_f32_serial(v + j0 * ldkv + hk * D, ldkv, /*b_kmajor=*/true, D,
+                                                   std::min(kRefKv, Skv - j0), dst + kpack + b * vpack);
         }
       }
     });

@@ -478,6 +478,112 @@ void pack_bf16_panels_serial(const uint16_t* B, int64_t ldb, int64_t N, int64_t 
   }
 }
 
+namespace {
+
+#define MM3_PACK_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
+
+// The 16 x 16 transpose of 32-bit words: r[i] lane j becomes r[j] lane i.
+MM3_PACK_AVX512 inline void transpose16_epi32(__m512i (&r)[16]) {
+  __m512i a[16], b[16];
+  for (int i = 0; i < 8; ++i) {  // lane L of a[2i] / a[2i+1]: rows 2i, 2i+1 of columns 4L, 4L+1 / 4L+2, 4L+3
+    a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    a[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // lane L of b[4i + c]: rows 4i..4i+3 of column 4L + c
+    b[4 * i] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
+    b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
+    b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
+    b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {  // column 4L + c gathers lane L of b[c], b[4 + c], b[8 + c], b[12 + c]
+    const __m512i d0 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0x88), d1 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0xDD);
+    const __m512i e0 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0x88),
+                  e1 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0xDD);
+    r[c] = _mm512_shuffle_i32x4(d0, e0, 0x88);
+    r[8 + c] = _mm512_shuffle_i32x4(d0, e0, 0xDD);
+    r[4 + c] = _mm512_shuffle_i32x4(d1, e1, 0x88);
+    r[12 + c] = _mm512_shuffle_i32x4(d1, e1, 0xDD);
+  }
+}
+
+// One K block (k0, kc) of one panel (n0, nc) as pack_bf16 lays it out, from fp32 B rounded as read.
+// n-major B (row n: B + n * ldb): 16 rows x 16 pairs at a time, each row's 32 floats rounded and
+// their bf16 halves gathered in order (16 pair words: the even element's bf16 low, the odd's high),
+// then transposed so each vector holds one pair of 16 rows. k-major B (B[n, k] at
+// B + k * ldb + n): a pair's word joins row k's and row k + 1's rounded values lane by lane.
+// Elements past N or K read as 0 (masked loads), whose bf16 is 0: pack_bf16's padding.
+MM3_PACK_AVX512 void pack_bf16_from_f32_block(const float* B, int64_t ldb, bool b_kmajor, int64_t N, int64_t K,
+                                              int64_t n0, int64_t nc, int64_t k0, int64_t kc, uint16_t* Bp) {
+  const int64_t strips = (nc + kNR - 1) / kNR, kp = (kc + 1) / 2;
+  auto mask = [](int64_t n) { return tail_mask(std::max<int64_t>(0, n)); };
+  if (b_kmajor) {
+    for (int64_t s = 0; s < strips; ++s)
+      for (int64_t p = 0; p < kp; ++p) {
+        const int64_t k = k0 + 2 * p;
+        uint16_t* dst = Bp + (s * kp + p) * 2 * kNR;
+        for (int h = 0; h < kNR / 16; ++h) {
+          const int64_t n = n0 + s * kNR + h * 16;
+          const __mmask16 m = mask(std::min(N, n0 + nc) - n);
+          const __m512i lo =
+              _mm512_srli_epi32(_mm512_castps_si512(round_bf16_512(_mm512_maskz_loadu_ps(m, B + k * ldb + n))), 16);
+          const __m512i hi = k + 1 < K
+                                 ? _mm512_castps_si512(round_bf16_512(_mm512_maskz_loadu_ps(m, B + (k + 1) * ldb + n)))
+                                 : _mm512_setzero_si512();
+          _mm512_storeu_si512(dst + h * 32, _mm512_or_si512(lo, hi));
+        }
+      }
+    return;
+  }
+  // a row's 32 bf16 values in order: the upper 16-bit halves (the odd words) of its two rounded halves
+  alignas(64) static const uint16_t odd_words[32] = {1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31,
+                                                     33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
+  const __m512i odd = _mm512_load_si512(odd_words);
+  for (int64_t s = 0; s < strips; ++s)
+    for (int h = 0; h < kNR / 16; ++h) {
+      const int64_t nb = n0 + s * kNR + h * 16;
+      for (int64_t p0 = 0; p0 < kp; p0 += 16) {
+        const int64_t ka = k0 + 2 * p0;  // the 32 floats [ka, ka + 32) of each row, clipped to K
+        const __mmask16 m0 = mask(K - ka), m1 = mask(K - ka - 16);
+        __m512i r[16];
+        for (int i = 0; i < 16; ++i) {
+          const int64_t n = nb + i;
+          if (n >= N || n >= n0 + nc) {
+            r[i] = _mm512_setzero_si512();
+            continue;
+          }
+          const float* row = B + n * ldb + ka;
+          const __m512i a = _mm512_castps_si512(round_bf16_512(_mm512_maskz_loadu_ps(m0, row)));
+          const __m512i b = _mm512_castps_si512(round_bf16_512(_mm512_maskz_loadu_ps(m1, row + 16)));
+          r[i] = _mm512_permutex2var_epi16(a, odd, b);  // pair word q = (element 2q, element 2q + 1)
+        }
+        transpose16_epi32(r);  // r[q]: pair p0 + q of the 16 rows
+        for (int64_t q = 0; q < 16 && p0 + q < kp; ++q)
+          _mm512_storeu_si512(Bp + ((s * kp + p0 + q) * kNR + h * 16) * 2, r[q]);
+      }
+    }
+}
+
+}  // namespace
+
+void pack_bf16_panels_from_f32_serial(const float* B, int64_t ldb, bool b_kmajor, int64_t N, int64_t K,
+                                      uint16_t* panels) {
+  const int64_t Kp = (K + 1) & ~int64_t(1);
+  if (!cpu_has_avx512()) {  // the composition this stands for
+    std::vector<uint16_t> nm(static_cast<size_t>(N * K));
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k)
+        nm[size_t(n * K + k)] = f32_to_bf16_bits(b_kmajor ? B[k * ldb + n] : B[n * ldb + k]);
+    pack_bf16_panels_serial(nm.data(), K, N, K, panels);
+    return;
+  }
+  for (int64_t p = 0; p < (N + kNC - 1) / kNC; ++p) {
+    const int64_t n0 = p * kNC, nc = std::min<int64_t>(kNC, N - n0), strips = (nc + kNR - 1) / kNR;
+    for (int64_t k0 = 0; k0 < K; k0 += kKC)
+      pack_bf16_from_f32_block(B, ldb, b_kmajor, N, K, n0, nc, k0, std::min<int64_t>(kKC, K - k0),
+                               panels + p * kNC * Kp + k0 * strips * kNR);
+  }
+}
+
 void gemm_bf16_packed_serial(const uint16_t* A, int64_t lda, int64_t M, const uint16_t* panels, int64_t N, int64_t K,
                              float* C, int64_t ldc, DType store) {
   MM3_CHECK(cpu_has_avx512bf16() && K > 0, "gemm_bf16_packed_serial: needs AVX512-BF16 and K > 0 (K={})", K);

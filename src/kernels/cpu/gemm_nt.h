@@ -53,6 +53,11 @@ void pack_f32_panels_serial(const float* B, int64_t ldb, bool b_kmajor, int64_t 
 // pack_bf16_panels_size uint16 values, zero past N and K.
 int64_t pack_bf16_panels_size(int64_t N, int64_t K);
 void pack_bf16_panels_serial(const uint16_t* B, int64_t ldb, int64_t N, int64_t K, uint16_t* panels);
+// pack_bf16_panels_serial of an F32 B rounded to bf16 as it is read (f32_to_bf16_bits), without the bf16
+// copy: B[n, k] at B + n * ldb + k, or with b_kmajor at B + k * ldb + n (a [K, N] matrix). The same
+// uint16 values as f32_to_bf16 into an n-major copy then pack_bf16_panels_serial.
+void pack_bf16_panels_from_f32_serial(const float* B, int64_t ldb, bool b_kmajor, int64_t N, int64_t K,
+                                      uint16_t* panels);
 // C[m, n] = round_store(sum_k A[m, k] * B[n, k]) for m < M, n < N by the bf16 tiles (VDPBF16PS; needs
 // cpu_has_avx512bf16()) on B packed by pack_bf16_panels_serial and A as bf16 bits (rows of stride
 // lda); with K odd A[m, K] is read as the last pair's second half and must be finite (write a zero).
