@@ -457,7 +457,8 @@ TEST(KernelsGemm, MatchesRefAllTransposes) {
 // pack_bf16_panels_serial. Bitwise, both layouts, odd N and K around the 16-row / 32-column strip, the
 // 256-k block and the 128-column panel edges, strided rows; values with rounding ties, NaN, infinities
 // and subnormals. RED: the even / odd halves of a pair word swapped; the k-major pad pair's second row
-// read past K; rows past N packed from memory instead of zeros.
+// read past K; rows past N packed from memory instead of zeros; a part's k-major pair range ending one
+// pair short.
 TEST(KernelsPack, Bf16PanelsFromF32EqualConvertThenPack) {
   Rng rng(91);
   const std::vector<float> specials = {0.f,     -0.f,     1.00390625f, 1.01171875f, -1.00390625f, 1e-40f,
@@ -478,7 +479,21 @@ TEST(KernelsPack, Bf16PanelsFromF32EqualConvertThenPack) {
         kern::detail::pack_bf16_panels_serial(nm.data(), K, N, K, want.data());
         kern::detail::pack_bf16_panels_from_f32_serial(B.data(), ld, kmajor, N, K, got.data());
         ASSERT_EQ(std::memcmp(got.data(), want.data(), size * 2), 0);
+        // the same form from parts over row ranges of 32 and 96 rows, last part first
+        for (const int64_t step : {32, 96}) {
+          std::vector<uint16_t> parts(size, 0xBEEF);
+          for (int64_t r0 = (rows - 1) / step * step; r0 >= 0; r0 -= step)
+            kern::detail::pack_bf16_panels_from_f32_part(B.data(), ld, kmajor, N, K, r0, std::min(rows, r0 + step),
+                                                         parts.data());
+          ASSERT_EQ(std::memcmp(parts.data(), want.data(), size * 2), 0) << "parts of " << step << " rows";
+        }
       }
+  std::vector<float> B(64 * 64, 1.f);
+  std::vector<uint16_t> out(static_cast<size_t>(kern::detail::pack_bf16_panels_size(64, 64)));
+  EXPECT_THROW(kern::detail::pack_bf16_panels_from_f32_part(B.data(), 64, false, 64, 64, 16, 64, out.data()),
+               InternalError);  // r0 not a multiple of 32
+  EXPECT_THROW(kern::detail::pack_bf16_panels_from_f32_part(B.data(), 64, true, 64, 64, 0, 40, out.data()),
+               InternalError);  // r1 neither a multiple of 32 nor the end
 }
 
 }  // namespace

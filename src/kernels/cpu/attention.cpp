@@ -528,12 +528,15 @@ namespace {
 // layer by the direct path (61 GFLOP/s) -> 16.7 ms (235 GFLOP/s). DiT goldens: rel RMS 2e-7.
 // With store BF16 on a CPU with AVX512-BF16 both products take bf16 pair dots (VDPBF16PS, gemm_ex's
 // bf16 form) instead: q, k and v rounded to bf16 (exact for a bf16 computation's bf16-valued tensors),
-// K copied once per call to bf16 rows and V to a bf16 [Hkv·D, Skv] transpose (the product's n-major B),
-// both then packed, the probabilities written by softmax_numerators straight as bf16 bits (P16) and
-// multiplied by gemm_bf16_packed_serial. Products of bf16 values are exact in fp32, so only the
-// summation order (in pairs) differs from the fp32 GEMMs. attention_dit_L690_bf16 on 2 Zen 5 cores:
+// K and V packed once per call straight from their fp32 rows (pack_bf16_panels_from_f32_serial: V
+// k-major, so no transpose), the probabilities written by softmax_numerators straight as bf16 bits
+// (P16) and multiplied by gemm_bf16_packed_serial. Products of bf16 values are exact in fp32, so only
+// the summation order (in pairs) differs from the fp32 GEMMs. attention_dit_L690_bf16 on 2 Zen 5 cores:
 // 13.1-13.9 ms with the per-task packing and f32 copies of P, 10.5-12.4 ms packed once (medians,
-// 5 alternations); attention_dit_L690 (fp32) 23.9-25.4 -> 21.6-24.5 ms. Same bits as before.
+// 5 alternations); attention_dit_L690 (fp32) 23.9-25.4 -> 21.6-24.5 ms. Same bits as before. Twentieth
+// session (a noisier host; 5 alternations x 60 runs, min / median): 11.3-11.7 / 11.8-14.0 ms ->
+// 9.9-10.4 / 12.0-12.6 ms with K / V packed from fp32 (a bf16 copy of K and a scalar bf16 transpose of
+// V had been ~1/5 of the samples) and 32-key softmax steps; same bits.
 constexpr int64_t kGemmQB = 128;
 constexpr int64_t kGemmMinRows = 64;  // below this the direct path is as fast (and takes tiny cases)
 
@@ -556,25 +559,52 @@ void attention_gemm(const ThreadPool& pool, const float* q, int64_t ldq, const f
   // Scratch kept between calls (the caller's for K / V^T and the packed forms, each worker's for its
   // blocks): fresh zeroed buffers per call and per chunk cost their memset and page faults, ~1/3 of the
   // samples of attention_dit_L690_bf16. Every element a GEMM reads is written first.
-  thread_local aligned_vector<uint16_t> pk16_buf;
+  thread_local aligned_vector<uint16_t> pk16_buf, q16_buf;
   thread_local aligned_vector<float> pk32_buf;
   uint16_t* pk16 = nullptr;
   float* pk32 = nullptr;
+  // Q as bf16 rows [Sq, Hq·Dp] (each head's D values, an odd D's pad zero), converted in one pass over whole
+  // rows before the tasks: converting each task's 128 strided pieces as it started ran at ~1/5 the rate
+  const int64_t ldq16 = int64_t(Hq) * Dp;
+  uint16_t* q16 = nullptr;
   if (bfdot) {
     if (pk16_buf.size() < static_cast<size_t>(Hkv * per_head)) pk16_buf.resize(static_cast<size_t>(Hkv * per_head));
     pk16 = pk16_buf.data();
+    if (q16_buf.size() < static_cast<size_t>(Sq * ldq16)) q16_buf.resize(static_cast<size_t>(Sq * ldq16));
+    q16 = q16_buf.data();
+    pool.parallel_for(
+        Sq,
+        [&](int64_t i0, int64_t i1) {
+          for (int64_t i = i0; i < i1; ++i) {
+            if (Dp == D) {
+              f32_to_bf16(q + i * ldq, q16 + i * ldq16, static_cast<size_t>(ldq16));
+              continue;
+            }
+            for (int h = 0; h < Hq; ++h) {
+              f32_to_bf16(q + i * ldq + int64_t(h) * D, q16 + i * ldq16 + h * Dp, static_cast<size_t>(D));
+              q16[i * ldq16 + h * Dp + D] = 0;  // an odd D's pad: the last pair's second half
+            }
+          }
+        },
+        8);
     // K (n-major rows) and V (k-major: B[d, j] = V[j0 + j, d]) packed straight from the fp32 rows, rounded
-    // to bf16 as read (a bf16 copy of K and a transposed bf16 copy of V took ~1/5 of this kernel)
-    pool.parallel_for(int64_t(Hkv) * (1 + nblk), [&](int64_t t0, int64_t t1) {
+    // to bf16 as read (a bf16 copy of K and a transposed bf16 copy of V took ~1/5 of this kernel). Tasks
+    // are 32-key chunks of K, and of each 512-key V block, every head packed from the chunk's rows in turn:
+    // a task per head read a 256-byte slice of each row, every row in another 4 KiB page (no hardware
+    // prefetch, a TLB miss a row), at ~1/3 the rate.
+    const int64_t kch = (Skv + 31) / 32;
+    pool.parallel_for(2 * kch, [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) {
-        const int64_t hk = t / (1 + nblk), b = t % (1 + nblk) - 1;
-        uint16_t* dst = pk16 + hk * per_head;
-        if (b < 0) {
-          detail::pack_bf16_panels_from_f32_serial(k + hk * D, ldkv, /*b_kmajor=*/false, Skv, D, dst);
-        } else {
-          const int64_t j0 = b * kRefKv;
-          detail::pack_bf16_panels_from_f32_serial(v + j0 * ldkv + hk * D, ldkv, /*b_kmajor=*/true, D,
-                                                   std::min(kRefKv, Skv - j0), dst + kpack + b * vpack);
+        const bool is_v = t >= kch;
+        const int64_t j = (t % kch) * 32, je = std::min(Skv, j + 32);
+        const int64_t b = j / kRefKv, j0 = b * kRefKv, w = std::min(kRefKv, Skv - j0);
+        for (int hk = 0; hk < Hkv; ++hk) {
+          uint16_t* dst = pk16 + hk * per_head;
+          if (!is_v)
+            detail::pack_bf16_panels_from_f32_part(k + hk * D, ldkv, /*b_kmajor=*/false, Skv, D, j, je, dst);
+          else
+            detail::pack_bf16_panels_from_f32_part(v + j0 * ldkv + hk * D, ldkv, /*b_kmajor=*/true, D, w, j - j0,
+                                                   je - j0, dst + kpack + b * vpack);
         }
       }
     });
@@ -599,13 +629,13 @@ void attention_gemm(const ThreadPool& pool, const float* q, int64_t ldq, const f
       int64_t(Hq) * nqb,
       [&](int64_t t0, int64_t t1) {
         thread_local aligned_vector<float> S, O, T, alpha, inv;
-        thread_local aligned_vector<uint16_t> Q16, P16;
+        thread_local aligned_vector<uint16_t> P16;
         auto at_least = [](auto& b, int64_t n) {
           if (b.size() < static_cast<size_t>(n)) b.resize(static_cast<size_t>(n));
         };
         at_least(S, kGemmQB * lds), at_least(O, kGemmQB * D), at_least(T, kGemmQB * D);
         at_least(alpha, kGemmQB * nblk), at_least(inv, kGemmQB);
-        if (bfdot) at_least(Q16, kGemmQB * Dp), at_least(P16, kGemmQB * lds);
+        if (bfdot) at_least(P16, kGemmQB * lds);
         const std::vector<int64_t> nk(kGemmQB, Skv);
         for (int64_t t = t0; t < t1; ++t) {
           const int h = static_cast<int>(t / nqb), hk = h / group;
@@ -613,11 +643,7 @@ void attention_gemm(const ThreadPool& pool, const float* q, int64_t ldq, const f
           const float* qh = q + i0 * ldq + int64_t(h) * D;
           if (bfdot) {
             const uint16_t* kp = pk16 + hk * per_head;
-            for (int64_t r = 0; r < n; ++r) {
-              f32_to_bf16(qh + r * ldq, Q16.data() + r * Dp, static_cast<size_t>(D));
-              if (Dp > D) Q16[size_t(r * Dp + D)] = 0;  // an odd D's pad: the last pair's second half
-            }
-            detail::gemm_bf16_packed_serial(Q16.data(), Dp, n, kp, Skv, D, S.data(), lds, DType::F32);
+            detail::gemm_bf16_packed_serial(q16 + i0 * ldq16 + h * Dp, ldq16, n, kp, Skv, D, S.data(), lds, DType::F32);
             // The numerators as bf16 bits in P16 (rows padded like S; an odd Skv's pad key is zero).
             softmax_numerators(S.data(), lds, static_cast<int>(n), nk.data(), nblk, span, store, scale, alpha.data(),
                                inv.data(), P16.data(), lds);

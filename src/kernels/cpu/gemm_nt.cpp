@@ -506,24 +506,42 @@ MM3_PACK_AVX512 inline void transpose16_epi32(__m512i (&r)[16]) {
   }
 }
 
-// One K block (k0, kc) of one panel (n0, nc) as pack_bf16 lays it out, from fp32 B rounded as read.
-// n-major B (row n: B + n * ldb): 16 rows x 16 pairs at a time, each row's 32 floats rounded and
-// their bf16 halves gathered in order (16 pair words: the even element's bf16 low, the odd's high),
-// then transposed so each vector holds one pair of 16 rows. k-major B (B[n, k] at
-// B + k * ldb + n): a pair's word joins row k's and row k + 1's rounded values lane by lane.
-// Elements past N or K read as 0 (masked loads), whose bf16 is 0: pack_bf16's padding.
-MM3_PACK_AVX512 void pack_bf16_from_f32_block(const float* B, int64_t ldb, bool b_kmajor, int64_t N, int64_t K,
-                                              int64_t n0, int64_t nc, int64_t k0, int64_t kc, uint16_t* Bp) {
-  const int64_t strips = (nc + kNR - 1) / kNR, kp = (kc + 1) / 2;
-  auto mask = [](int64_t n) { return tail_mask(std::max<int64_t>(0, n)); };
+// Strips [sb, se) x pairs [pb, pe) of one K block (k0, kc) of one panel (n0, nc) as pack_bf16 lays it out,
+// from fp32 B rounded as read; Bp is the block's start. Elements past N or K are 0 (pack_bf16's padding).
+struct PackPart {
+  int64_t n0, nc, k0, kc, sb, se, pb, pe;
+};
+
+void pack_bf16_from_f32_block_scalar(const float* B, int64_t ldb, bool b_kmajor, int64_t K, const PackPart& t,
+                                     uint16_t* Bp) {
+  const int64_t kp = (t.kc + 1) / 2;
+  for (int64_t s = t.sb; s < t.se; ++s)
+    for (int64_t p = t.pb; p < t.pe; ++p)
+      for (int j = 0; j < kNR; ++j)
+        for (int h = 0; h < 2; ++h) {
+          const int64_t n = t.n0 + s * kNR + j, k = t.k0 + 2 * p + h;
+          const bool in = s * kNR + j < t.nc && k < K;
+          Bp[((s * kp + p) * kNR + j) * 2 + h] = in ? f32_to_bf16_bits(b_kmajor ? B[k * ldb + n] : B[n * ldb + k]) : 0;
+        }
+}
+
+// The same with AVX-512. n-major B (row n: B + n * ldb): 16 rows x 16 pairs at a time (pb a multiple of
+// 16), each row's 32 floats rounded and their bf16 halves gathered in order (16 pair words: the even
+// element's bf16 low, the odd's high), then transposed so each vector holds one pair of 16 rows.
+// k-major B (B[n, k] at B + k * ldb + n): a pair's word joins row k's and row k + 1's rounded values
+// lane by lane. Elements past N or K read as 0 (masked loads), whose bf16 is 0.
+MM3_PACK_AVX512 void pack_bf16_from_f32_block(const float* B, int64_t ldb, bool b_kmajor, int64_t K, const PackPart& t,
+                                              uint16_t* Bp) {
+  const int64_t kp = (t.kc + 1) / 2, nend = t.n0 + t.nc;
+  auto mask = [](int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << std::max<int64_t>(0, n)) - 1u); };
   if (b_kmajor) {
-    for (int64_t s = 0; s < strips; ++s)
-      for (int64_t p = 0; p < kp; ++p) {
-        const int64_t k = k0 + 2 * p;
+    for (int64_t s = t.sb; s < t.se; ++s)
+      for (int64_t p = t.pb; p < t.pe; ++p) {
+        const int64_t k = t.k0 + 2 * p;
         uint16_t* dst = Bp + (s * kp + p) * 2 * kNR;
         for (int h = 0; h < kNR / 16; ++h) {
-          const int64_t n = n0 + s * kNR + h * 16;
-          const __mmask16 m = mask(std::min(N, n0 + nc) - n);
+          const int64_t n = t.n0 + s * kNR + h * 16;
+          const __mmask16 m = mask(nend - n);
           const __m512i lo =
               _mm512_srli_epi32(_mm512_castps_si512(round_bf16_512(_mm512_maskz_loadu_ps(m, B + k * ldb + n))), 16);
           const __m512i hi = k + 1 < K
@@ -538,16 +556,16 @@ MM3_PACK_AVX512 void pack_bf16_from_f32_block(const float* B, int64_t ldb, bool 
   alignas(64) static const uint16_t odd_words[32] = {1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31,
                                                      33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
   const __m512i odd = _mm512_load_si512(odd_words);
-  for (int64_t s = 0; s < strips; ++s)
+  for (int64_t s = t.sb; s < t.se; ++s)
     for (int h = 0; h < kNR / 16; ++h) {
-      const int64_t nb = n0 + s * kNR + h * 16;
-      for (int64_t p0 = 0; p0 < kp; p0 += 16) {
-        const int64_t ka = k0 + 2 * p0;  // the 32 floats [ka, ka + 32) of each row, clipped to K
+      const int64_t nb = t.n0 + s * kNR + h * 16;
+      for (int64_t p0 = t.pb; p0 < t.pe; p0 += 16) {
+        const int64_t ka = t.k0 + 2 * p0;  // the 32 floats [ka, ka + 32) of each row, clipped to K
         const __mmask16 m0 = mask(K - ka), m1 = mask(K - ka - 16);
         __m512i r[16];
         for (int i = 0; i < 16; ++i) {
           const int64_t n = nb + i;
-          if (n >= N || n >= n0 + nc) {
+          if (n >= nend) {
             r[i] = _mm512_setzero_si512();
             continue;
           }
@@ -557,7 +575,7 @@ MM3_PACK_AVX512 void pack_bf16_from_f32_block(const float* B, int64_t ldb, bool 
           r[i] = _mm512_permutex2var_epi16(a, odd, b);  // pair word q = (element 2q, element 2q + 1)
         }
         transpose16_epi32(r);  // r[q]: pair p0 + q of the 16 rows
-        for (int64_t q = 0; q < 16 && p0 + q < kp; ++q)
+        for (int64_t q = 0; q < 16 && p0 + q < t.pe; ++q)
           _mm512_storeu_si512(Bp + ((s * kp + p0 + q) * kNR + h * 16) * 2, r[q]);
       }
     }
@@ -565,23 +583,37 @@ MM3_PACK_AVX512 void pack_bf16_from_f32_block(const float* B, int64_t ldb, bool 
 
 }  // namespace
 
-void pack_bf16_panels_from_f32_serial(const float* B, int64_t ldb, bool b_kmajor, int64_t N, int64_t K,
-                                      uint16_t* panels) {
+void pack_bf16_panels_from_f32_part(const float* B, int64_t ldb, bool b_kmajor, int64_t N, int64_t K, int64_t r0,
+                                    int64_t r1, uint16_t* panels) {
+  const int64_t rows = b_kmajor ? K : N;
+  MM3_CHECK(r0 >= 0 && r0 % 32 == 0 && r0 < r1 && r1 <= rows && (r1 % 32 == 0 || r1 == rows),
+            "pack_bf16_panels_from_f32_part: rows [{}, {}) of {} (need multiples of 32, or the end)", r0, r1, rows);
   const int64_t Kp = (K + 1) & ~int64_t(1);
-  if (!cpu_has_avx512()) {  // the composition this stands for
-    std::vector<uint16_t> nm(static_cast<size_t>(N * K));
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t k = 0; k < K; ++k)
-        nm[size_t(n * K + k)] = f32_to_bf16_bits(b_kmajor ? B[k * ldb + n] : B[n * ldb + k]);
-    pack_bf16_panels_serial(nm.data(), K, N, K, panels);
-    return;
-  }
+  const bool vec = cpu_has_avx512();
   for (int64_t p = 0; p < (N + kNC - 1) / kNC; ++p) {
     const int64_t n0 = p * kNC, nc = std::min<int64_t>(kNC, N - n0), strips = (nc + kNR - 1) / kNR;
-    for (int64_t k0 = 0; k0 < K; k0 += kKC)
-      pack_bf16_from_f32_block(B, ldb, b_kmajor, N, K, n0, nc, k0, std::min<int64_t>(kKC, K - k0),
-                               panels + p * kNC * Kp + k0 * strips * kNR);
+    if (!b_kmajor && (n0 + nc <= r0 || n0 >= r1)) continue;
+    for (int64_t k0 = 0; k0 < K; k0 += kKC) {
+      const int64_t kc = std::min<int64_t>(kKC, K - k0), kp = (kc + 1) / 2;
+      if (b_kmajor && (k0 + kc <= r0 || k0 >= r1)) continue;
+      PackPart t{n0, nc, k0, kc, 0, strips, 0, kp};
+      if (b_kmajor) {  // pairs of the rows k in [r0, r1): r0 is even, r1 even or K
+        t.pb = (std::max(r0, k0) - k0) / 2, t.pe = (std::min(r1, k0 + kc) - k0 + 1) / 2;
+      } else {  // strips of the rows n in [r0, r1): 32-row aligned, or ending at N
+        t.sb = (std::max(r0, n0) - n0) / kNR, t.se = (std::min(r1, n0 + nc) - n0 + kNR - 1) / kNR;
+      }
+      uint16_t* Bp = panels + p * kNC * Kp + k0 * strips * kNR;
+      if (vec)
+        pack_bf16_from_f32_block(B, ldb, b_kmajor, K, t, Bp);
+      else
+        pack_bf16_from_f32_block_scalar(B, ldb, b_kmajor, K, t, Bp);
+    }
   }
+}
+
+void pack_bf16_panels_from_f32_serial(const float* B, int64_t ldb, bool b_kmajor, int64_t N, int64_t K,
+                                      uint16_t* panels) {
+  if (N > 0 && K > 0) pack_bf16_panels_from_f32_part(B, ldb, b_kmajor, N, K, 0, b_kmajor ? K : N, panels);
 }
 
 void gemm_bf16_packed_serial(const uint16_t* A, int64_t lda, int64_t M, const uint16_t* panels, int64_t N, int64_t K,

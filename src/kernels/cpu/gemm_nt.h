@@ -58,6 +58,11 @@ void pack_bf16_panels_serial(const uint16_t* B, int64_t ldb, int64_t N, int64_t 
 // uint16 values as f32_to_bf16 into an n-major copy then pack_bf16_panels_serial.
 void pack_bf16_panels_from_f32_serial(const float* B, int64_t ldb, bool b_kmajor, int64_t N, int64_t K,
                                       uint16_t* panels);
+// Only the part of that form that B's rows [r0, r1) fill (rows: n for n-major B, k for k-major; r0 a
+// multiple of 32, r1 too or the last row), pads included: parts over disjoint row ranges make up the
+// whole, so callers can split the packing by rows (each task reading whole rows, not a head's slice).
+void pack_bf16_panels_from_f32_part(const float* B, int64_t ldb, bool b_kmajor, int64_t N, int64_t K, int64_t r0,
+                                    int64_t r1, uint16_t* panels);
 // C[m, n] = round_store(sum_k A[m, k] * B[n, k]) for m < M, n < N by the bf16 tiles (VDPBF16PS; needs
 // cpu_has_avx512bf16()) on B packed by pack_bf16_panels_serial and A as bf16 bits (rows of stride
 // lda); with K odd A[m, K] is read as the last pair's second half and must be finite (write a zero).
