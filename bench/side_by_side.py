@@ -172,7 +172,8 @@ def render(res, torch, peaks, times):
                 f"{tmed(ts):.1f} s" if tmed(ts) else "")
     s = "dit_forward_L689_int8"
     if med(s) and "int8_ops" in res[s]:
-        lim = limit([(res[s]["int8_ops"], "peak_i8_dot"), (res[s]["f32_flops_rest"], "peak_f32_fma")])
+        lim = limit([(res[s]["int8_ops"], "peak_i8_dot"), (res[s].get("bf16_flops_attention", 0.0), "peak_bf16_dot"),
+                     (res[s]["f32_flops_rest"], "peak_f32_fma")])
         te = torch.get("dit_int8", {}).get("rel_rms_vs_f32")
         row(f"`{s}`", med(s), f"{med(s):.2f} s (rel RMS {res[s].get('rel_rms_vs_f32', float('nan')):.3f} from fp32)",
             f"{rng(lim)} s: {rng([med(s) / x for x in lim])}" if lim else "?", tmed("dit_int8"),

@@ -14,8 +14,8 @@
 //   vocoder_L689_bf16_layers  the profile of the BF16 option.
 // Inputs are deterministic random values (model/synth_checkpoint.h generator).
 #include <algorithm>
-#include <cmath>
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -24,6 +24,7 @@
 
 #include "bench_stages.h"
 #include "core/errors.h"
+#include "kernels/cpu/simd.h"
 #include "model/dit.h"
 #include "model/synth_checkpoint.h"
 #include "model/vocoder.h"
@@ -109,12 +110,15 @@ StageRun dit_stage(const BenchContext& ctx, int batch, DType compute, DitGemm ge
             {"bytes_counts", "weights once"},
             {"flops_counts", "2*params*tokens + 4*S^2*D*layers, per batch item"}};
   if (gemm == DitGemm::Int8) {
-    // The limit's two parts: the integer work (q | k | v, o, ff_in, ff_out, ff_out's input on two levels:
-    // its weights count twice) at the int8 rate, the rest (attention, the fp32 ends) at the fp32 rate.
+    // The limit's parts: the integer work (q | k | v, o, ff_in, ff_out, ff_out's input on two levels: its
+    // weights count twice) at the int8 rate; attention at the bf16 rate where it takes bf16 pair dots
+    // (AVX512-BF16; else it stays in the fp32 part); the rest (the fp32 ends) at the fp32 rate.
     const double F = static_cast<double>(c.ff_inner_dim), blocks = (4.0 * D * D + 3.0 * F * D) * c.num_layers;
     const double i8_ops = batch * 2.0 * S * (blocks + F * D * c.num_layers);
+    const double att = kern::detail::cpu_has_avx512bf16() ? batch * 4.0 * S * S * D * c.num_layers : 0.0;
     r.info["int8_ops"] = i8_ops;
-    r.info["f32_flops_rest"] = r.flops - batch * 2.0 * S * blocks;
+    r.info["bf16_flops_attention"] = att;
+    r.info["f32_flops_rest"] = r.flops - batch * 2.0 * S * blocks - att;
   }
   // The form the fp32 weights took when the warmup forward packed them (MM3_STRASSEN=1: Strassen's).
   r.finish = [b, gemm, err](double, nlohmann::json& info) {
@@ -153,10 +157,12 @@ RegisterStage reg_dit_b2_bf16{{
 
 RegisterStage reg_dit_int8{{
     .name = "dit_forward_L689_int8",
-    .description = "DiT::forward over one 689-latent window, batch 1, F32 compute with the block GEMMs W8A8 (int8 "
-                   "weights prepared in setup; info int8_active, and rel_rms_vs_f32: the velocity against an exact "
-                   "F32 forward run in setup; int8_ops and f32_flops_rest: the work its limit divides by "
-                   "peak_i8_dot and peak_f32_fma); bytes = ~1 byte a parameter; flops = 2*params*tokens + attention",
+    .description =
+        "DiT::forward over one 689-latent window, batch 1, F32 compute with the block GEMMs W8A8 (int8 "
+        "weights prepared in setup; info int8_active, and rel_rms_vs_f32: the velocity against an exact "
+        "F32 forward run in setup; int8_ops, bf16_flops_attention and f32_flops_rest: the work its limit divides by "
+        "peak_i8_dot, peak_bf16_dot and peak_f32_fma); bytes = ~1 byte a parameter; flops = 2*params*tokens + "
+        "attention",
     .needs_model = true,
     .setup = [](const BenchContext& ctx) { return dit_stage(ctx, 1, DType::F32, DitGemm::Int8); },
 }};
