@@ -323,7 +323,7 @@ void DiT::forward(const ThreadPool& pool, const std::vector<DitItem>& items, int
   grow(ws.pv, L * C);
   float* h = ws.h.data();
   // The int8 profile's attention is the bf16 profile's (q, k, v and the probabilities rounded to bf16
-  // for VDPBF16PS pair dots where the CPU has AVX512-BF16, the output rounded to bf16): ~1/4 less time
+  // for VDPBF16PS pair dots where the CPU has AVX512-BF16, the output rounded to bf16): ~1/3 less time
   // than fp32 attention, its rounding (2^-9) far below the u8 levels o's GEMM then reads (DitGemm).
   const DType att_st = i8 ? DType::BF16 : st;
 

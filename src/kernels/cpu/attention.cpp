@@ -528,15 +528,16 @@ namespace {
 // layer by the direct path (61 GFLOP/s) -> 16.7 ms (235 GFLOP/s). DiT goldens: rel RMS 2e-7.
 // With store BF16 on a CPU with AVX512-BF16 both products take bf16 pair dots (VDPBF16PS, gemm_ex's
 // bf16 form) instead: q, k and v rounded to bf16 (exact for a bf16 computation's bf16-valued tensors),
-// K and V packed once per call straight from their fp32 rows (pack_bf16_panels_from_f32_serial: V
-// k-major, so no transpose), the probabilities written by softmax_numerators straight as bf16 bits
-// (P16) and multiplied by gemm_bf16_packed_serial. Products of bf16 values are exact in fp32, so only
-// the summation order (in pairs) differs from the fp32 GEMMs. attention_dit_L690_bf16 on 2 Zen 5 cores:
+// K and V packed once per call straight from their fp32 rows (pack_bf16_panels_from_f32_part: V
+// k-major, so no transpose), Q converted to bf16 rows once per call, the probabilities written by
+// softmax_numerators straight as bf16 bits (P16) and multiplied by gemm_bf16_packed_serial. Products of
+// bf16 values are exact in fp32, so only the summation order (in pairs) differs from the fp32 GEMMs.
+// attention_dit_L690_bf16 on 2 Zen 5 cores:
 // 13.1-13.9 ms with the per-task packing and f32 copies of P, 10.5-12.4 ms packed once (medians,
 // 5 alternations); attention_dit_L690 (fp32) 23.9-25.4 -> 21.6-24.5 ms. Same bits as before. Twentieth
-// session (a noisier host; 5 alternations x 60 runs, min / median): 11.3-11.7 / 11.8-14.0 ms ->
-// 9.9-10.4 / 12.0-12.6 ms with K / V packed from fp32 (a bf16 copy of K and a scalar bf16 transpose of
-// V had been ~1/5 of the samples) and 32-key softmax steps; same bits.
+// session (a noisier host; alternations x 60 runs, min / median): 11.3-11.7 / 11.8-14.0 ms ->
+// 9.9-10.3 / 10.1-12.3 ms with K / V packed from fp32 (a bf16 copy of K and a scalar bf16 transpose of
+// V had been ~1/5 of the samples), Q converted in one pass and 32-key softmax steps; same bits.
 constexpr int64_t kGemmQB = 128;
 constexpr int64_t kGemmMinRows = 64;  // below this the direct path is as fast (and takes tiny cases)
 
@@ -556,7 +557,7 @@ void attention_gemm(const ThreadPool& pool, const float* q, int64_t ldq, const f
   const int64_t kpack = bfdot ? detail::pack_bf16_panels_size(Skv, D) : detail::pack_f32_panels_size(Skv, D);
   const int64_t vpack = bfdot ? detail::pack_bf16_panels_size(D, kRefKv) : detail::pack_f32_panels_size(D, kRefKv);
   const int64_t per_head = kpack + nblk * vpack;
-  // Scratch kept between calls (the caller's for K / V^T and the packed forms, each worker's for its
+  // Scratch kept between calls (the caller's for Q's bf16 rows and the packed forms, each worker's for its
   // blocks): fresh zeroed buffers per call and per chunk cost their memset and page faults, ~1/3 of the
   // samples of attention_dit_L690_bf16. Every element a GEMM reads is written first.
   thread_local aligned_vector<uint16_t> pk16_buf, q16_buf;
@@ -564,7 +565,7 @@ void attention_gemm(const ThreadPool& pool, const float* q, int64_t ldq, const f
   uint16_t* pk16 = nullptr;
   float* pk32 = nullptr;
   // Q as bf16 rows [Sq, Hq·Dp] (each head's D values, an odd D's pad zero), converted in one pass over whole
-  // rows before the tasks: converting each task's 128 strided pieces as it started ran at ~1/5 the rate
+  // rows before the tasks (each task converting its 128 strided pieces had taken twice as long)
   const int64_t ldq16 = int64_t(Hq) * Dp;
   uint16_t* q16 = nullptr;
   if (bfdot) {
@@ -589,9 +590,9 @@ void attention_gemm(const ThreadPool& pool, const float* q, int64_t ldq, const f
         8);
     // K (n-major rows) and V (k-major: B[d, j] = V[j0 + j, d]) packed straight from the fp32 rows, rounded
     // to bf16 as read (a bf16 copy of K and a transposed bf16 copy of V took ~1/5 of this kernel). Tasks
-    // are 32-key chunks of K, and of each 512-key V block, every head packed from the chunk's rows in turn:
-    // a task per head read a 256-byte slice of each row, every row in another 4 KiB page (no hardware
-    // prefetch, a TLB miss a row), at ~1/3 the rate.
+    // are 32-key chunks of K, and of each 512-key V block, every head packed from the chunk's rows in turn
+    // (a task per head, reading a 256-byte slice of each row, every row in another 4 KiB page, took ~1/4
+    // longer: 9.3% -> 7.5% of the samples).
     const int64_t kch = (Skv + 31) / 32;
     pool.parallel_for(2 * kch, [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) {
