@@ -452,13 +452,34 @@ TEST(KernelsGemm, MatchesRefAllTransposes) {
       }
 }
 
+// Packing by parts (pack_*_panels_part): each part packed alone into a buffer of `sentinel` bits writes
+// only its own elements, each with the whole form's value, and the parts together write every element
+// the whole writes exactly once. Returns the number of elements at fault (0 when the parts add up).
+template <typename T, typename PackPart>
+int64_t parts_fault_count(const std::vector<T>& whole, T sentinel, int64_t rows, int64_t step, PackPart pack_part) {
+  std::vector<int> writes(whole.size(), 0);
+  int64_t faults = 0;
+  for (int64_t r0 = 0; r0 < rows; r0 += step) {
+    std::vector<T> one(whole.size(), sentinel);
+    pack_part(r0, std::min(rows, r0 + step), one.data());
+    for (size_t i = 0; i < one.size(); ++i)
+      if (std::memcmp(&one[i], &sentinel, sizeof(T)) != 0) {
+        ++writes[i];
+        faults += std::memcmp(&one[i], &whole[i], sizeof(T)) != 0;
+      }
+  }
+  for (size_t i = 0; i < whole.size(); ++i)
+    faults += writes[i] != (std::memcmp(&whole[i], &sentinel, sizeof(T)) != 0 ? 1 : 0);
+  return faults;
+}
+
 // pack_bf16_panels_from_f32_serial (the DiT attention's K and V, packed for the bf16 tiles straight from
 // the fp32 q|k|v rows) against what it stands for: f32_to_bf16 into an n-major copy, then
 // pack_bf16_panels_serial. Bitwise, both layouts, odd N and K around the 16-row / 32-column strip, the
 // 256-k block and the 128-column panel edges, strided rows; values with rounding ties, NaN, infinities
-// and subnormals. RED: the even / odd halves of a pair word swapped; the k-major pad pair's second row
-// read past K; rows past N packed from memory instead of zeros; a part's k-major pair range ending one
-// pair short.
+// and subnormals; and parts of 32 and 96 rows add up to the whole (parts_fault_count). RED: the even /
+// odd halves of a pair word swapped; the k-major pad pair's second row read past K; rows past N packed
+// from memory instead of zeros; a part's k-major pair range ending one pair short.
 TEST(KernelsPack, Bf16PanelsFromF32EqualConvertThenPack) {
   Rng rng(91);
   const std::vector<float> specials = {0.f,     -0.f,     1.00390625f, 1.01171875f, -1.00390625f, 1e-40f,
@@ -475,18 +496,19 @@ TEST(KernelsPack, Bf16PanelsFromF32EqualConvertThenPack) {
           for (int64_t k = 0; k < K; ++k)
             nm[size_t(n * K + k)] = f32_to_bf16_bits(kmajor ? B[k * ld + n] : B[n * ld + k]);
         const size_t size = static_cast<size_t>(kern::detail::pack_bf16_panels_size(N, K));
-        std::vector<uint16_t> want(size, 0xBEEF), got(size, 0xBEEF);
+        const uint16_t sentinel = 0xFFFF;  // a NaN no rounding produces (f32_to_bf16_bits' NaN is 0x7FC0)
+        std::vector<uint16_t> want(size, sentinel), got(size, sentinel);
         kern::detail::pack_bf16_panels_serial(nm.data(), K, N, K, want.data());
         kern::detail::pack_bf16_panels_from_f32_serial(B.data(), ld, kmajor, N, K, got.data());
         ASSERT_EQ(std::memcmp(got.data(), want.data(), size * 2), 0);
-        // the same form from parts over row ranges of 32 and 96 rows, last part first
-        for (const int64_t step : {32, 96}) {
-          std::vector<uint16_t> parts(size, 0xBEEF);
-          for (int64_t r0 = (rows - 1) / step * step; r0 >= 0; r0 -= step)
-            kern::detail::pack_bf16_panels_from_f32_part(B.data(), ld, kmajor, N, K, r0, std::min(rows, r0 + step),
-                                                         parts.data());
-          ASSERT_EQ(std::memcmp(parts.data(), want.data(), size * 2), 0) << "parts of " << step << " rows";
-        }
+        for (const int64_t step : {32, 96})  // the same form from parts of 32 and 96 rows
+          ASSERT_EQ(parts_fault_count(want, sentinel, rows, step,
+                                      [&](int64_t r0, int64_t r1, uint16_t* out) {
+                                        kern::detail::pack_bf16_panels_from_f32_part(B.data(), ld, kmajor, N, K, r0, r1,
+                                                                                     out);
+                                      }),
+                    0)
+              << "parts of " << step << " rows";
       }
   std::vector<float> B(64 * 64, 1.f);
   std::vector<uint16_t> out(static_cast<size_t>(kern::detail::pack_bf16_panels_size(64, 64)));
@@ -494,6 +516,38 @@ TEST(KernelsPack, Bf16PanelsFromF32EqualConvertThenPack) {
                InternalError);  // r0 not a multiple of 32
   EXPECT_THROW(kern::detail::pack_bf16_panels_from_f32_part(B.data(), 64, true, 64, 64, 0, 40, out.data()),
                InternalError);  // r1 neither a multiple of 32 nor the end
+}
+
+// pack_f32_panels_part (the fp32 DiT attention packs K and V by 32-key chunks of whole rows): parts of 32
+// and 96 rows add up to pack_f32_panels_serial's whole form (parts_fault_count: each writes only its own
+// elements, with the whole's bits), both layouts, odd N and K around strips, the k blocks and the
+// 128-column panels, strided rows. RED: the n-major part's strips starting one strip late; the k-major
+// rows copied one past the part's end (right values, another part's elements).
+TEST(KernelsPack, F32PanelsPartsMakeTheWhole) {
+  Rng rng(92);
+  for (const bool kmajor : {false, true})
+    for (const int64_t N : {1, 7, 31, 33, 64, 129, 300})
+      for (const int64_t K : {1, 3, 33, 64, 255, 256, 257, 513}) {
+        SCOPED_TRACE(::testing::Message() << "kmajor=" << kmajor << " N=" << N << " K=" << K);
+        const int64_t rows = kmajor ? K : N, cols = kmajor ? N : K, ld = cols + 3;
+        const std::vector<float> B = rng.vec(static_cast<size_t>(rows * ld), -3.f, 3.f);
+        const size_t size = static_cast<size_t>(kern::detail::pack_f32_panels_size(N, K));
+        float sentinel;  // a NaN payload the copies never hold
+        const uint32_t sbits = 0xFFFFFFFFu;
+        std::memcpy(&sentinel, &sbits, 4);
+        std::vector<float> want(size, sentinel);
+        kern::detail::pack_f32_panels_serial(B.data(), ld, kmajor, N, K, want.data());
+        for (const int64_t step : {32, 96})
+          ASSERT_EQ(parts_fault_count(want, sentinel, rows, step,
+                                      [&](int64_t r0, int64_t r1, float* out) {
+                                        kern::detail::pack_f32_panels_part(B.data(), ld, kmajor, N, K, r0, r1, out);
+                                      }),
+                    0)
+              << "parts of " << step << " rows";
+      }
+  std::vector<float> B(64 * 64, 1.f), out(static_cast<size_t>(kern::detail::pack_f32_panels_size(64, 64)));
+  EXPECT_THROW(kern::detail::pack_f32_panels_part(B.data(), 64, true, 64, 64, 8, 64, out.data()), InternalError);
+  EXPECT_THROW(kern::detail::pack_f32_panels_part(B.data(), 64, false, 64, 64, 0, 50, out.data()), InternalError);
 }
 
 }  // namespace

@@ -168,6 +168,16 @@ void softmax_numerators(float* S, int64_t lds, int rows, const int64_t* nk, int6
             _mm512_storeu_ps(s + j, detail::round_bf16_v(e0)), _mm512_storeu_ps(s + j + 16, detail::round_bf16_v(e1));
         }
         lanes[0] = l0, lanes[1] = l1;
+      } else if (!p) {
+        // fp32: every whole vector into slot 2 as the loop below would add it, the sum in a register (in
+        // the array, indexed by a runtime slot, each add waited on the last one's store)
+        __m512 l2 = lanes[2];
+        for (; j + 16 <= vend; j += 16) {
+          const __m512 e = detail::exp20_v(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(s + j), vsc), m));
+          l2 = _mm512_add_ps(l2, e);
+          _mm512_storeu_ps(s + j, e);
+        }
+        lanes[2] = l2;
       }
       for (; j < vend; j += 16) {
         const __mmask16 msk = lane_mask(vend - j);
@@ -612,15 +622,20 @@ void attention_gemm(const ThreadPool& pool, const float* q, int64_t ldq, const f
   } else {
     if (pk32_buf.size() < static_cast<size_t>(Hkv * per_head)) pk32_buf.resize(static_cast<size_t>(Hkv * per_head));
     pk32 = pk32_buf.data();
-    pool.parallel_for(int64_t(Hkv) * (1 + nblk), [&](int64_t t0, int64_t t1) {
+    // The same 32-key chunks of whole rows as the bf16 form's (B[d, j] = V[j0 + j, d]: V's rows are the
+    // k-major form)
+    const int64_t kch = (Skv + 31) / 32;
+    pool.parallel_for(2 * kch, [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) {
-        const int64_t hk = t / (1 + nblk), b = t % (1 + nblk) - 1;
-        float* dst = pk32 + hk * per_head;
-        if (b < 0) {
-          detail::pack_f32_panels_serial(k + hk * D, ldkv, /*b_kmajor=*/false, Skv, D, dst);
-        } else {
-          const int64_t j0 = b * kRefKv;  // B[d, j] = V[j0 + j, d]: V's rows are the K-major form
-          detail::pack_f32_panels_serial(v + j0 * ldkv + hk * D, ldkv, /*b_kmajor=*/true, D, std::min(kRefKv, Skv - j0),
+        const bool is_v = t >= kch;
+        const int64_t j = (t % kch) * 32, je = std::min(Skv, j + 32);
+        const int64_t b = j / kRefKv, j0 = b * kRefKv, w = std::min(kRefKv, Skv - j0);
+        for (int hk = 0; hk < Hkv; ++hk) {
+          float* dst = pk32 + hk * per_head;
+          if (!is_v)
+            detail::pack_f32_panels_part(k + hk * D, ldkv, /*b_kmajor=*/false, Skv, D, j, je, dst);
+          else
+            detail::pack_f32_panels_part(v + j0 * ldkv + hk * D, ldkv, /*b_kmajor=*/true, D, w, j - j0, je - j0,
                                          dst + kpack + b * vpack);
         }
       }

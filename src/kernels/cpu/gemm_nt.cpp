@@ -467,6 +467,37 @@ void pack_f32_panels_serial(const float* B, int64_t ldb, bool b_kmajor, int64_t 
   for (int64_t p = 0; p < (N + kNC - 1) / kNC; ++p) pack_f32_panel(B, ldb, b_kmajor, N, K, p, panels);
 }
 
+void pack_f32_panels_part(const float* B, int64_t ldb, bool b_kmajor, int64_t N, int64_t K, int64_t r0, int64_t r1,
+                          float* panels) {
+  const int64_t rows = b_kmajor ? K : N;
+  MM3_CHECK(r0 >= 0 && r0 % 32 == 0 && r0 < r1 && r1 <= rows && (r1 % 32 == 0 || r1 == rows),
+            "pack_f32_panels_part: rows [{}, {}) of {} (need multiples of 32, or the end)", r0, r1, rows);
+  const int64_t kcb = f32_kc_block();
+  for (int64_t p = 0; p < (N + kNC - 1) / kNC; ++p) {
+    const int64_t n0 = p * kNC, nc = std::min<int64_t>(kNC, N - n0), strips = (nc + kNR - 1) / kNR;
+    if (!b_kmajor && (n0 + nc <= r0 || n0 >= r1)) continue;
+    for (int64_t k0 = 0; k0 < K; k0 += kcb) {
+      const int64_t kc = std::min(kcb, K - k0);
+      float* const Bp = panels + p * kNC * K + k0 * strips * kNR;
+      if (!b_kmajor) {  // pack_f32 over the strips of rows [r0, r1): its strip s at Bp + s * kc * 32
+        const int64_t sb = (std::max(r0, n0) - n0) / kNR, se = (std::min(r1, n0 + nc) - n0 + kNR - 1) / kNR;
+        pack_f32(B, DType::F32, ldb, false, N, n0 + sb * kNR, std::min(nc - sb * kNR, (se - sb) * kNR), k0, kc,
+                 Bp + sb * kc * kNR);
+        continue;
+      }
+      const int64_t ka = std::max(r0, k0), kb = std::min(r1, k0 + kc);  // pack_f32's k-major copy, k's [ka, kb)
+      for (int64_t s = 0; s < strips; ++s) {
+        const int64_t nv = std::min<int64_t>(kNR, nc - s * kNR);
+        for (int64_t k = ka; k < kb; ++k) {
+          float* d = Bp + (s * kc + k - k0) * kNR;
+          std::memcpy(d, B + k * ldb + n0 + s * kNR, static_cast<size_t>(nv) * sizeof(float));
+          for (int64_t j = nv; j < kNR; ++j) d[j] = 0.f;
+        }
+      }
+    }
+  }
+}
+
 int64_t pack_bf16_panels_size(int64_t N, int64_t K) { return (N + kNC - 1) / kNC * kNC * ((K + 1) & ~int64_t(1)); }
 
 void pack_bf16_panels_serial(const uint16_t* B, int64_t ldb, int64_t N, int64_t K, uint16_t* panels) {

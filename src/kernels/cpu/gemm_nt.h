@@ -47,6 +47,10 @@ void pack_f32_panels(const ThreadPool& pool, const float* B, int64_t ldb, int64_
 // The same on the calling thread (for a caller already inside a parallel task), B n-major as above or,
 // with b_kmajor, B[n, k] at B + k * ldb + n (a [K, N] matrix).
 void pack_f32_panels_serial(const float* B, int64_t ldb, bool b_kmajor, int64_t N, int64_t K, float* panels);
+// Only the part of that form that B's rows [r0, r1) fill (rows: n for n-major B, k for k-major; r0 a
+// multiple of 32, r1 too or the last row), pads included: parts over disjoint row ranges make up the whole.
+void pack_f32_panels_part(const float* B, int64_t ldb, bool b_kmajor, int64_t N, int64_t K, int64_t r0, int64_t r1,
+                          float* panels);
 
 // B [N, K] as bf16 bits (n-major rows, stride ldb) packed once in the layout gemm_ex's bf16 tiles read
 // (the bf16 pairs of pack_bf16 per K block, panels of 128 columns), on the calling thread;
