@@ -126,8 +126,9 @@ LinearWeight gemm_strassen_f32(const LinearWeight& w, const ThreadPool& pool, bo
 // the integer GEMM runs 2.1x oneDNN's bf16 and 4x its fp32. Its error is the quantization's: ~1%
 // relative per product on Gaussian data, far above fp32's or bf16's, so it is never a default. `linear`
 // on it takes every M with either store; bitwise deterministic and independent of the thread count
-// (the sums are exact). Returns an empty LinearWeight (out_features() 0) where oneDNN has no int8 brgemm
-// on this CPU (no AVX512-VNNI) or MM3_ONEDNN=0; the caller then keeps a float form. Throws BadModel for
+// (the sums are exact). Returns an empty LinearWeight (out_features() 0) where oneDNN has no exact int8
+// GEMM on this CPU (neither AVX512-VNNI nor AVX-VNNI: a probe product decides, gemm_dnnl.cpp) or
+// MM3_ONEDNN=0; the caller then keeps a float form. Throws BadModel for
 // a weight with a non-finite value.
 // x_two_level: each row of x is taken on two levels, x ≈ sx·(q1 + q2/128) (q2 the first level's rounding
 // error on 127 levels of its own), both through one integer GEMM of 2M rows: x's quantization error drops
@@ -256,6 +257,10 @@ void rope_apply(float* x, int64_t S, int H, int head_dim, int64_t ld, const floa
 void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* k, const void* v, int64_t ldkv,
                DType kv_dtype, float* out, int64_t ldo, int64_t Sq, int64_t Skv, int Hq, int Hkv, int D, float scale,
                bool causal, int64_t q_pos0, DType store, int64_t kv_span = 0, int64_t ldh = 0);
+
+// Whether attention() with store BF16 takes its bf16 pair-dot form here (AVX512-BF16, within MM3_ISA's
+// cap); elsewhere that form runs fp32 products on the bf16-rounded values, no faster than store F32.
+bool attention_bf16_dots();
 
 // In-place softmax over each row of [rows, cols] (fp32, max-subtracted).
 void softmax_rows(float* x, int64_t rows, int64_t cols);

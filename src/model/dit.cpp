@@ -185,8 +185,8 @@ const DiT::Weights& DiT::int8_weights(const ThreadPool& pool) const {
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   else
     MM3_LOG_WARN(
-        "transformer: this CPU has no int8 GEMM (oneDNN's u8 x s8 brgemm needs AVX512-VNNI; or "
-        "MM3_ONEDNN=0): the int8 profile runs its GEMMs in fp32");
+        "transformer: this CPU has no exact int8 GEMM (oneDNN's u8 x s8 products need AVX512-VNNI or "
+        "AVX-VNNI; or MM3_ONEDNN=0): the int8 profile runs its GEMMs in fp32");
   return *int8_;
 }
 
@@ -323,9 +323,10 @@ void DiT::forward(const ThreadPool& pool, const std::vector<DitItem>& items, int
   grow(ws.pv, L * C);
   float* h = ws.h.data();
   // The int8 profile's attention is the bf16 profile's (q, k, v and the probabilities rounded to bf16
-  // for VDPBF16PS pair dots where the CPU has AVX512-BF16, the output rounded to bf16): ~1/3 less time
+  // for VDPBF16PS pair dots, the output rounded to bf16) where the CPU has AVX512-BF16: ~1/3 less time
   // than fp32 attention, its rounding (2^-9) far below the u8 levels o's GEMM then reads (DitGemm).
-  const DType att_st = i8 ? DType::BF16 : st;
+  // Elsewhere (e.g. AVX-VNNI without AVX-512) that form would only add rounding: fp32 attention.
+  const DType att_st = i8 && kern::attention_bf16_dots() ? DType::BF16 : st;
 
   // 1-3. z[b·L + l] = [x[:, l] | 0 | cond[l, :]]                                      [B·L, Cc]
   //      z = z·Wpre^T + z (1×1 conv with residual), proj_in -> h rows b·S + 1 + l    [B·S, D]

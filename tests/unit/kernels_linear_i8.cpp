@@ -7,13 +7,19 @@
 // * bitwise equal on 1 and 2 threads, and run to run;
 // * within the quantization's error of the exact fp32 product (a scheme wrong in a way its twin shares,
 //   e.g. a scale off by a level or a lost offset, fails here).
-// Skips (loudly) where oneDNN has no int8 brgemm on this CPU (no AVX512-VNNI), where gemm_only_i8
-// returns an empty weight.
+// * exact on the bytes that saturate a 16-bit pair sum (u8 255 against s8 ±127), and offered only
+//   where oneDNN's sums are exact: ctest runs this file again with oneDNN capped (ONEDNN_MAX_CPU_ISA,
+//   tests/CMakeLists.txt) at AVX2_VNNI (gemm:jit on VPDPBUSD, 256-bit: what an Intel client core from
+//   Alder Lake on runs; every test here must pass on it) and at AVX2 (VPMADDUBSW: refused).
+// Skips (loudly) where oneDNN has no exact int8 GEMM on this CPU (neither AVX512-VNNI nor AVX-VNNI),
+// where gemm_only_i8 returns an empty weight.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "kernels/kernels.h"
@@ -26,10 +32,10 @@ namespace {
 using test::Guarded;
 using test::Rng;
 
-#define MM3_REQUIRE_I8(w)                                                                           \
-  if ((w).gemm_kind() != kern::GemmKind::I8Dnnl)                                                    \
-  GTEST_SKIP() << "oneDNN offers no int8 brgemm on this CPU (needs AVX512-VNNI), or MM3_ONEDNN=0: " \
-                  "gemm_only_i8 returned no form"
+#define MM3_REQUIRE_I8(w)                                                                             \
+  if ((w).gemm_kind() != kern::GemmKind::I8Dnnl)                                                      \
+  GTEST_SKIP() << "oneDNN offers no exact int8 GEMM on this CPU (needs AVX512-VNNI or AVX-VNNI), or " \
+                  "MM3_ONEDNN=0: gemm_only_i8 returned no form"
 
 kern::LinearWeight make_weight(Rng& rng, int64_t N, int64_t K, bool bias, DType dt) {
   Tensor w = Tensor::from_f32(rng.vec(static_cast<size_t>(N * K), -1.f, 1.f), {N, K}).to(dt);
@@ -87,6 +93,55 @@ TEST(KernelsLinearI8, BitwiseEqualToTheTwinOddSizes) {
           EXPECT_EQ(y.touched_outside(), 0);
           EXPECT_EQ(y.untouched_inside(), 0);
         }
+}
+
+// Rows of x and W whose quantized bytes are mostly the extremes: x's at its row maximum (u8 255), W's
+// at ±its row maximum (s8 ±127), so neighbouring products add to ±64770, past an int16 (VPMADDUBSW's
+// pair sums saturate there), among random values. Bitwise the twin, one and two levels.
+// RED: gemm_dnnl.cpp's exactness probe forced true, under ONEDNN_MAX_CPU_ISA=AVX2: all 720 outputs
+// differ, at either level (and 7 other tests here fail).
+TEST(KernelsLinearI8, ExactOnTheBytesThatSaturateAPairSum) {
+  ThreadPool pool(2);
+  Rng rng(21);
+  const int64_t M = 9, K = 1000, N = 80;
+  std::vector<float> wv = rng.vec(static_cast<size_t>(N * K), -1.f, 1.f),
+                     x = rng.vec(static_cast<size_t>(M * K), -1.f, 1.f);
+  for (size_t i = 0; i < wv.size(); ++i)
+    if (i % 4 != 3) wv[i] = (i / 8) % 2 ? 0.5f : -0.5f;  // the row maximum 0.5: ±127
+  for (size_t i = 0; i < x.size(); ++i)
+    if (i % 5 != 4) x[i] = 2.0f;                                              // the row maximum: u8 255
+  for (int64_t m = 0; m < M; ++m) x[static_cast<size_t>(m * K + 7)] = -2.0f;  // u8 1 beside them
+  const kern::LinearWeight plain(Tensor::from_f32(wv, {N, K}),
+                                 Tensor::from_f32(rng.vec(static_cast<size_t>(N), -1.f, 1.f), {N}));
+  for (bool two : {false, true}) {
+    SCOPED_TRACE(two ? "two-level x" : "one-level x");
+    const kern::LinearWeight w = kern::gemm_only_i8(plain, pool, two);
+    MM3_REQUIRE_I8(w);
+    std::vector<float> y(static_cast<size_t>(M * N)), want(y.size());
+    kern::linear(pool, x.data(), M, K, w, y.data(), N, DType::F32);
+    ref::linear_i8(x.data(), M, K, plain.weight(), plain.bias(), want.data(), N, DType::F32, two);
+    EXPECT_EQ(bit_mismatches(y.data(), N, want, M, N), 0);
+  }
+}
+
+// What ctest's capped runs must give (MM3_TEST_EXPECT_I8, set by tests/CMakeLists.txt beside
+// ONEDNN_MAX_CPU_ISA): "offered" (AVX2_VNNI on a CPU with VNNI) or "refused" (AVX2: oneDNN's int8 GEMM
+// saturates there). RED: the probe forced true, the AVX2 run is offered a form.
+TEST(KernelsLinearI8, OfferedOnlyWhereItsSumsAreExact) {
+  const char* e = std::getenv("MM3_TEST_EXPECT_I8");
+  if (!e || !*e)
+    GTEST_SKIP() << "MM3_TEST_EXPECT_I8 unset: this one runs in ctest's kernels_i8_onednn_* (oneDNN capped)";
+  const std::string want(e);
+  ASSERT_TRUE(want == "offered" || want == "refused") << "MM3_TEST_EXPECT_I8=" << want;
+  if (want == "offered" && !__builtin_cpu_supports("avxvnni") && !__builtin_cpu_supports("avx512vnni"))
+    GTEST_SKIP() << "no AVX-VNNI on this CPU: oneDNN cannot offer an exact int8 GEMM under this cap";
+  ThreadPool pool(2);
+  Rng rng(2);
+  const kern::LinearWeight w = kern::gemm_only_i8(make_weight(rng, 40, 300, true, DType::F32), pool);
+  if (want == "offered")
+    EXPECT_EQ(w.gemm_kind(), kern::GemmKind::I8Dnnl) << "this CPU has VNNI: the int8 GEMM should be offered";
+  else
+    EXPECT_EQ(w.out_features(), 0) << "oneDNN's int8 GEMM is not exact under this cap: it must be refused";
 }
 
 TEST(KernelsLinearI8, ZeroAndNonFiniteRows) {

@@ -1106,6 +1106,8 @@ void attention(const ThreadPool& pool, const float* q, int64_t ldq, const void* 
 
 #endif
 
+bool attention_bf16_dots() { return detail::cpu_has_avx512bf16(); }
+
 void softmax_rows(float* x, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) {
     float* xr = x + r * cols;

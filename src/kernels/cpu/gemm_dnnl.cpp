@@ -89,13 +89,15 @@ bool onednn_disabled() {
 }
 
 // `plain` (a contiguous [N, K] of type `type`) reordered into the layout oneDNN's brgemm wants for
-// [kPackM, K] x [K, N]; null where oneDNN offers no brgemm kernel for the shape.
-std::shared_ptr<DnnlForm> pack_dnnl(const void* plain, int64_t N, int64_t K, dt type, bool bias) {
+// [kPackM, K] x [K, N]; null where oneDNN offers no brgemm kernel for the shape. any_impl: whatever
+// implementation oneDNN picks (its layout for that one), brgemm or not.
+std::shared_ptr<DnnlForm> pack_dnnl(const void* plain, int64_t N, int64_t K, dt type, bool bias,
+                                    bool any_impl = false) {
   try {
     const dnnl::memory::desc any({K, N}, type, tag::any);
     const auto pd = make_pd(kPackM, N, K, bias, any, N, K, type);
     const std::string impl = pd.impl_info_str();
-    if (impl.rfind("brg", 0) != 0) return nullptr;
+    if (!any_impl && impl.rfind("brg", 0) != 0) return nullptr;
     auto f = std::make_shared<DnnlForm>();
     f->md = pd.weights_desc();
     // Our allocation, not oneDNN's: Tensor::empty puts a large one on transparent huge pages, which
@@ -223,9 +225,58 @@ void dnnl_linear_f32(const ThreadPool& pool, const float* x, int64_t M, int64_t 
   run_dnnl(pool, x, M, ldx, *static_cast<const DnnlForm*>(form), bias, y, ldy, store == DType::BF16);
 }
 
+// Whether oneDNN's u8 x s8 -> s32 matmul sums exactly on this CPU, found out once by products whose
+// exact sums are known. With VPDPBUSD (AVX512-VNNI: brgemm; AVX-VNNI, e.g. Intel's client cores from
+// Alder Lake on: gemm:jit) every product is added into int32. Without VNNI, oneDNN 2.6 multiplies with
+// VPMADDUBSW, which adds each pair of u8 x s8 products into an int16 that saturates (255 · 127 · 2 >
+// 2^15 - 1): on Zen 5 under ONEDNN_MAX_CPU_ISA=AVX2, every one of 15580 sampled sums of a [1380, 2048]
+// x [2048, 2048] product with half its bytes extreme came out wrong (under AVX2_VNNI: none, gemm:jit at
+// 504 GOP/s, against brgemm's 1184 with AVX512-VNNI on plain layouts in the same test). The probe runs the shapes the
+// callers use (one row, the GEMV oneDNN may take for it, and a block of rows), with u8 255 against s8 ±127 pairs (the
+// worst for the int16 pairs) and random bytes; any wrong sum, or an error, means no int8 GEMM.
+bool dnnl_i8_exact() {
+  static const bool exact = [] {
+    try {
+      const dnnl::engine& eng = cpu_engine();
+      dnnl::stream s(eng);
+      uint32_t r = 12345u;
+      auto next = [&r] { return r = r * 1664525u + 1013904223u; };
+      for (const int64_t M : {int64_t{1}, int64_t{37}}) {
+        const int64_t N = 67, K = 515;
+        std::vector<uint8_t> x(static_cast<size_t>(M * K));
+        std::vector<int8_t> w(static_cast<size_t>(N * K));
+        std::vector<int32_t> y(static_cast<size_t>(M * N));
+        for (size_t i = 0; i < x.size(); ++i) x[i] = (i % 3) ? 255 : static_cast<uint8_t>(next() >> 24);
+        for (size_t i = 0; i < w.size(); ++i) {
+          const uint32_t v = next() >> 24;
+          w[i] = static_cast<int8_t>((i / 5) % 2 ? ((i / 7) % 2 ? 127 : -127) : static_cast<int>(v % 255) - 127);
+        }
+        const dnnl::memory::desc src({M, K}, dt::u8, tag::ab), wt({K, N}, dt::s8, tag::ba),
+            dst({M, N}, dt::s32, tag::ab);
+        const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, wt, dst), eng);
+        dnnl::memory xm(src, eng, x.data()), wm(wt, eng, w.data()), ym(dst, eng, y.data());
+        dnnl::matmul(pd).execute(s, {{DNNL_ARG_SRC, xm}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, ym}});
+        s.wait();
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = 0; n < N; ++n) {
+            int64_t sum = 0;
+            for (int64_t k = 0; k < K; ++k) sum += int64_t{x[size_t(m * K + k)]} * w[size_t(n * K + k)];
+            if (sum != y[size_t(m * N + n)]) return false;
+          }
+      }
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return exact;
+}
+
 std::shared_ptr<const void> dnnl_pack_i8(const int8_t* plain, int64_t N, int64_t K, size_t& bytes) {
-  if (onednn_disabled()) return nullptr;
-  auto f = pack_dnnl(plain, N, K, dt::s8, /*bias=*/false);
+  if (onednn_disabled() || !dnnl_i8_exact()) return nullptr;
+  // Any implementation: the probe found its sums exact, and there is no other int8 GEMM to fall back to
+  // (a CPU with AVX-VNNI but not AVX512-VNNI gets oneDNN's gemm:jit).
+  auto f = pack_dnnl(plain, N, K, dt::s8, /*bias=*/false, /*any_impl=*/true);
   if (f) bytes = f->md.get_size();
   return f;
 }

@@ -92,7 +92,8 @@ void dnnl_linear_f32(const ThreadPool& pool, const float* x, int64_t M, int64_t 
                      const float* bias, float* y, int64_t ldy, DType store);
 
 // gemm_only_i8's oneDNN form: `plain` (a contiguous [N, K] of int8) packed for oneDNN's u8 x s8 -> s32
-// brgemm (VNNI); null (bytes untouched) when oneDNN is disabled or has no brgemm kernel for it here.
+// matmul (brgemm with AVX512-VNNI, gemm:jit with AVX-VNNI only); null (bytes untouched) when oneDNN is
+// disabled or its int8 sums are not exact here (dnnl_i8_exact in gemm_dnnl.cpp: no VNNI).
 std::shared_ptr<const void> dnnl_pack_i8(const int8_t* plain, int64_t N, int64_t K, size_t& bytes);
 // acc [M, N] dense = sum_k xq[m, k] · W[n, k] exactly in int32, xq u8 rows of stride ldx.
 void dnnl_matmul_i8(const ThreadPool& pool, const uint8_t* xq, int64_t M, int64_t ldx, const void* form, int32_t* acc);
