@@ -49,6 +49,92 @@ struct I8Form {
   bool two_level = false;  // x quantized on two levels (q1, q2)
 };
 
+#if !defined(__AVX512F__)
+// ---- AVX2 twins (a build without AVX-512, e.g. for an AVX-VNNI client core; runtime dispatch on
+// cpu_has_avx2_fma()): the same operations lane for lane as the scalar loops below, so the same bytes
+// and bits. Each does whole groups of 8 and returns how many elements it did; the scalar loop does the
+// rest. fp-contract is off in this file, so a product stays a product (std::fma is _mm256_fmadd_ps).
+
+// a = max over [0, k) of |x| (max is exact in any order); bad: a non-finite value among them.
+MM3_SIMD_AVX2 int64_t absmax_avx2(const float* x, int64_t n, float& a, bool& bad) {
+  const __m256 sign = _mm256_set1_ps(-0.0f), inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
+  __m256 m = _mm256_setzero_ps(), nf = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    const __m256 v = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + k));
+    nf = _mm256_or_ps(nf, _mm256_cmp_ps(v, inf, _CMP_NLT_UQ));  // |x| >= inf, or NaN
+    m = _mm256_max_ps(m, v);
+  }
+  alignas(32) float t[8];
+  _mm256_store_ps(t, m);
+  for (float v : t) a = std::max(a, v);
+  bad = _mm256_movemask_ps(nf) != 0;
+  return k;
+}
+
+// 8 int32 lanes (each in [-127, 127]) as 8 bytes plus offset (128: x ^ 0x80 on the two's complement byte).
+MM3_SIMD_AVX2 inline void store_bytes8(__m256i i, int offset, uint8_t* q) {
+  const __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+  __m128i b = _mm_packs_epi16(w16, w16);
+  if (offset == 128) b = _mm_xor_si128(b, _mm_set1_epi8(static_cast<char>(0x80)));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(q), b);
+}
+
+// q[k] = clamp(rint(x[k] · inv), ±127) + offset (rint: the conversion's round-half-even).
+MM3_SIMD_AVX2 int64_t quantize_bytes_avx2(const float* x, int64_t n, float inv, int offset, uint8_t* q) {
+  const __m256 vinv = _mm256_set1_ps(inv);
+  const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    const __m256i i = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + k), vinv));
+    store_bytes8(_mm256_min_epi32(_mm256_max_epi32(i, lo), hi), offset, q + k);
+  }
+  return k;
+}
+
+// quantize_row_level2's loop: q2 = clamp(rint((x · inv − (q1 − 128)) · 128), ±127) + 128.
+MM3_SIMD_AVX2 int64_t level2_avx2(const float* x, int64_t n, const uint8_t* q1, float inv, uint8_t* q2) {
+  const __m256 vinv = _mm256_set1_ps(inv), v128 = _mm256_set1_ps(128.0f);
+  const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127), off = _mm256_set1_epi32(128);
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    const __m256 r = _mm256_mul_ps(_mm256_loadu_ps(x + k), vinv);
+    const __m256i i1 =
+        _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q1 + k))), off);
+    const __m256i i = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(r, _mm256_cvtepi32_ps(i1)), v128));
+    store_bytes8(_mm256_min_epi32(_mm256_max_epi32(i, lo), hi), 128, q2 + k);
+  }
+  return k;
+}
+
+MM3_SIMD_AVX2 inline __m256 round_store_v8(__m256 v, DType store) {
+  return store == DType::BF16 ? detail::round_bf16_v8(v) : v;
+}
+
+// dequant_row's (one level, acc2 null) and dequant_row2's (two levels) loops.
+MM3_SIMD_AVX2 int64_t dequant_avx2(const int32_t* acc1, const int32_t* acc2, const int32_t* comp, const float* sw,
+                                   float sx, const float* bias, float* y, int64_t N, DType store, bool accumulate) {
+  const __m256 vsx = _mm256_set1_ps(sx), eighth = _mm256_set1_ps(1.0f / 128.0f);
+  int64_t n = 0;
+  for (; n + 8 <= N; n += 8) {
+    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(comp + n));
+    const __m256 d1 =
+        _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(acc1 + n)), c));
+    const __m256 s = _mm256_mul_ps(vsx, _mm256_loadu_ps(sw + n));
+    __m256 b = bias ? _mm256_loadu_ps(bias + n) : _mm256_setzero_ps();
+    if (acc2) {
+      const __m256 d2 =
+          _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(acc2 + n)), c));
+      b = _mm256_fmadd_ps(d2, _mm256_mul_ps(s, eighth), b);
+    }
+    __m256 v = round_store_v8(_mm256_fmadd_ps(d1, s, b), store);
+    if (accumulate) v = round_store_v8(_mm256_add_ps(_mm256_loadu_ps(y + n), v), store);
+    _mm256_storeu_ps(y + n, v);
+  }
+  return n;
+}
+#endif
+
 // Quantizes one row of n floats to 127 levels: q[k] = clamp(rint(x[k] · 127 / a), ±127) + offset as a
 // byte (offset 128: u8; 0: s8 in two's complement); returns the scale a / 127 (0 for an all-zero row,
 // NaN for a row with a non-finite value, whose bytes are then all `offset`).
@@ -68,6 +154,12 @@ float quantize_row(const float* x, int64_t n, uint8_t* q, int offset, float* inv
   }
   a = _mm512_reduce_max_ps(m);
   finite = bad == 0;
+#else
+  if (detail::cpu_has_avx2_fma()) {
+    bool bad = false;
+    k = absmax_avx2(x, n, a, bad);
+    finite = !bad;
+  }
 #endif
   for (; k < n; ++k) {
     if (!std::isfinite(x[k])) finite = false;
@@ -88,6 +180,8 @@ float quantize_row(const float* x, int64_t n, uint8_t* q, int offset, float* inv
     i = _mm512_add_epi32(_mm512_min_epi32(_mm512_max_epi32(i, lo), hi), off);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q + k), _mm512_cvtepi32_epi8(i));
   }
+#else
+  if (detail::cpu_has_avx2_fma()) k = quantize_bytes_avx2(x, n, inv, offset, q);
 #endif
   for (; k < n; ++k) {
     const float r = std::nearbyint(x[k] * inv);
@@ -118,6 +212,8 @@ void quantize_row_level2(const float* x, int64_t n, const uint8_t* q1, float inv
     i = _mm512_add_epi32(_mm512_min_epi32(_mm512_max_epi32(i, lo), hi), off);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q2 + k), _mm512_cvtepi32_epi8(i));
   }
+#else
+  if (detail::cpu_has_avx2_fma()) k = level2_avx2(x, n, q1, inv, q2);
 #endif
   for (; k < n; ++k) {
     const float r = x[k] * inv;
@@ -141,6 +237,8 @@ void dequant_row(const int32_t* acc, const int32_t* comp, const float* sw, float
     if (accumulate) v = detail::round_store_v(_mm512_add_ps(_mm512_loadu_ps(y + n), v), store);
     _mm512_storeu_ps(y + n, v);
   }
+#else
+  if (detail::cpu_has_avx2_fma()) n = dequant_avx2(acc, nullptr, comp, sw, sx, bias, y, N, store, accumulate);
 #endif
   for (; n < N; ++n) {
     float v = round_store(std::fma(static_cast<float>(acc[n] - comp[n]), sx * sw[n], bias ? bias[n] : 0.0f), store);
@@ -167,6 +265,8 @@ void dequant_row2(const int32_t* acc1, const int32_t* acc2, const int32_t* comp,
     if (accumulate) v = detail::round_store_v(_mm512_add_ps(_mm512_loadu_ps(y + n), v), store);
     _mm512_storeu_ps(y + n, v);
   }
+#else
+  if (detail::cpu_has_avx2_fma()) n = dequant_avx2(acc1, acc2, comp, sw, sx, bias, y, N, store, accumulate);
 #endif
   for (; n < N; ++n) {
     const float s = sx * sw[n];
