@@ -136,7 +136,7 @@ struct QuantActs {
 // scalar: the portable loop even where AVX-512 is available (both give the same bytes).
 void quantize_acts(const float* x, int64_t M, int64_t ldx, int64_t K, QuantActs& a, bool scalar = false);
 
-enum class QuantIsa { Auto, Scalar, Avx512Vnni, Avx2 };
+enum class QuantIsa { Auto, Scalar, Avx512Vnni, Avx2, AvxVnni };  // AvxVnni: AVX2 + VEX VPDPBUSD (256 bits)
 bool quant_isa_available(QuantIsa isa);
 
 // y[m, n] = the decode product above, for m < M <= 4. `isa` forces a path (tests); Auto picks the best.

@@ -207,7 +207,7 @@ void check_gemv(const ThreadPool& pool, QuantType t, int64_t M, const Size& s, D
 
   std::vector<Guarded> outs;
   std::vector<QuantIsa> isas = {QuantIsa::Scalar};
-  for (QuantIsa isa : {QuantIsa::Avx512Vnni, QuantIsa::Avx2})
+  for (QuantIsa isa : {QuantIsa::Avx512Vnni, QuantIsa::Avx2, QuantIsa::AvxVnni})
     if (kern::detail::quant_isa_available(isa)) isas.push_back(isa);
   for (QuantIsa isa : isas) {
     outs.emplace_back(M, s.N, ldy);
@@ -231,7 +231,8 @@ void check_gemv(const ThreadPool& pool, QuantType t, int64_t M, const Size& s, D
   if (M <= 4) {
     for (size_t i = 1; i < outs.size(); ++i) {
       EXPECT_EQ(bit_diffs(outs[0], outs[i], M, s.N), 0)
-          << "the scalar path and isa " << int(isas[i]) << " (2 AVX512-VNNI, 3 AVX2) must give the same bits";
+          << "the scalar path and isa " << int(isas[i])
+          << " (2 AVX512-VNNI, 3 AVX2, 4 AVX-VNNI) must give the same bits";
     }
   }
   // kern::linear with a quantized LinearWeight dispatches to these paths.
