@@ -93,11 +93,13 @@ LinearWeight gemm_only_bf16(const LinearWeight& w);
 // A copy of an F32 weight for an fp32 computation that runs it as a GEMM, packed once so that no call
 // re-packs it; the plain tensor is not kept (weight() is empty). `linear` on it takes that GEMM for
 // every M (also M <= 4, where a plain weight would take the GEMV). Two forms (CPU backend):
-// - GemmKind::F32Dnnl where oneDNN has an fp32 brgemm kernel for the shape (AVX-512 CPUs) and
-//   `onednn` is true (and MM3_ONEDNN is not 0): oneDNN's blocked layout and matmul, 10-19% faster
-//   than gemm_nt's panels at the DiT's shapes on Zen 5 (gemm_dnnl.cpp). fp32 sums in oneDNN's order:
-//   not gemm_nt's bits; deterministic, and bitwise equal on 1 and 2 threads at the shapes
-//   kernels_linear_dnnl.cpp tests, which oneDNN does not promise in general.
+// - GemmKind::F32Dnnl where `onednn` is true (and MM3_ONEDNN is not 0) and oneDNN has an fp32 brgemm
+//   kernel for the shape (AVX-512 CPUs) or, on a CPU without AVX-512, its JIT sgemm (gemm:jit):
+//   oneDNN's layout and matmul, 10-19% faster than gemm_nt's panels at the DiT's shapes on Zen 5
+//   (brgemm), ~20% capped to AVX2 (gemm:jit; gemm_dnnl.cpp). fp32 sums in oneDNN's order: not
+//   gemm_nt's bits; deterministic, and bitwise equal on 1 and 2 threads at the shapes
+//   kernels_linear_dnnl.cpp tests (ctest also runs them capped to AVX2), which oneDNN does not promise
+//   in general.
 // - GemmKind::F32Panels otherwise: the layout gemm_nt's tile reads, in huge-page memory, with the
 //   GEMM's bits: one FMA chain per output, the same as gemm_nt on the plain weight, independent of the
 //   thread count.

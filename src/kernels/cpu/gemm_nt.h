@@ -83,9 +83,9 @@ void dnnl_linear_bf16(const ThreadPool& pool, const float* x, int64_t M, int64_t
 void dnnl_linear_bf16_in(const ThreadPool& pool, const uint16_t* xb, int64_t M, int64_t ldx, const void* form,
                          const float* bias, float* y, int64_t ldy, bool round_y);
 
-// gemm_only_f32's oneDNN form: `plain` (a contiguous F32 [N, K]) packed for oneDNN's fp32 brgemm,
-// its size in `bytes`; null (bytes untouched) when oneDNN is disabled (MM3_ONEDNN=0) or has no
-// brgemm kernel for the shape on this CPU.
+// gemm_only_f32's oneDNN form: `plain` (a contiguous F32 [N, K]) packed for oneDNN's fp32 brgemm (or,
+// without AVX-512, its JIT sgemm), its size in `bytes`; null (bytes untouched) when oneDNN is disabled
+// (MM3_ONEDNN=0) or has neither kernel for the shape on this CPU.
 std::shared_ptr<const void> dnnl_pack_f32(const Tensor& plain, bool bias, size_t& bytes);
 // y[m, n] = store(sum_k x[m, k] W[n, k] + bias[n]) by oneDNN on that form (fp32 sums, its order).
 void dnnl_linear_f32(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const void* form,
