@@ -2,8 +2,8 @@
 // output row, the activations per row at every call, the integer GEMM in oneDNN's u8 x s8 -> s32
 // matmul (brgemm with AVX512-VNNI; gemm:jit where the CPU has only AVX-VNNI, as Intel's client cores
 // from Alder Lake on), the scales applied here. On Zen 5 capped to such a core (ONEDNN_MAX_CPU_ISA=
-// AVX2_VNNI, MM3_ISA=avx2, an -march=alderlake build) the batch-1 DiT forward ran 8.2 s in int8
-// against 24.9 s in fp32 (twenty-first session, 2 runs each).
+// AVX2_VNNI, MM3_ISA=avx2, an -march=alderlake build) the batch-1 DiT forward ran 7.5-8.9 s in int8
+// against 21.8 s in fp32 on oneDNN's JIT sgemm (24.9 s on gemm_nt's panels; twenty-first session).
 //
 // Why: on 2 Zen 5 cores (AVX512-VNNI, no AMX) oneDNN's int8 brgemm runs the DiT's shapes (M = 1380)
 // at 1.49-1.59 TOP/s against 0.68-0.76 TFLOP/s for bf16 and ~0.37 for fp32 (standalone, medians of 7,
