@@ -234,10 +234,10 @@ void dnnl_linear_f32(const ThreadPool& pool, const float* x, int64_t M, int64_t 
 // Alder Lake on: gemm:jit) every product is added into int32. Without VNNI, oneDNN 2.6 multiplies with
 // VPMADDUBSW, which adds each pair of u8 x s8 products into an int16 that saturates (255 · 127 · 2 >
 // 2^15 - 1): on Zen 5 under ONEDNN_MAX_CPU_ISA=AVX2, every one of 15580 sampled sums of a [1380, 2048]
-// x [2048, 2048] product with half its bytes extreme came out wrong (under AVX2_VNNI: none, gemm:jit at
-// 504 GOP/s, against brgemm's 1184 with AVX512-VNNI on plain layouts in the same test). The probe runs the shapes the
-// callers use (one row, the GEMV oneDNN may take for it, and a block of rows), with u8 255 against s8 ±127 pairs (the
-// worst for the int16 pairs) and random bytes; any wrong sum, or an error, means no int8 GEMM.
+// x [2048, 2048] product with half its bytes extreme came out wrong (under AVX2_VNNI none, gemm:jit at
+// 504 GOP/s against brgemm's 1184 uncapped, plain layouts, in the same test). The probe runs a single
+// row (oneDNN may take a GEMV for it) and a block of rows, with u8 255 against s8 ±127 pairs (the worst
+// for the int16 pair sums) among random bytes; any wrong sum, or an error, means no int8 GEMM.
 bool dnnl_i8_exact() {
   static const bool exact = [] {
     try {
