@@ -216,10 +216,10 @@ TEST(AcousticGolden, DitInt8WithinItsErrorOfTheGoldens) {
     const Tensor x = f.get("latents"), t = f.get("timestep"), c = f.get("condition");
     const Tensor v = dit.forward(pool, x, t, c, DType::F32, DitGemm::Int8);
     if (!dit.int8_active()) {
-      // ctest's golden_dit_int8_avx2_vnni runs this with oneDNN capped at AVX2_VNNI (MM3_TEST_EXPECT_I8):
-      // a CPU with VNNI must then still get the int8 GEMMs.
+      // ctest's golden_dit_int8_avx2_vnni runs this with oneDNN capped at AVX2_VNNI (MM3_TEST_EXPECT_I8;
+      // AVX512-VNNI is out of its reach there):
+      // a CPU with AVX-VNNI must then still get the int8 GEMMs.
       const char* e = std::getenv("MM3_TEST_EXPECT_I8");
-      // (only AVX-VNNI counts under that cap: AVX512-VNNI is out of oneDNN's reach there)
       if (e && std::string(e) == "offered" && __builtin_cpu_supports("avxvnni"))
         FAIL() << "this CPU has AVX-VNNI, yet the int8 profile ran fp32";
       GTEST_SKIP() << "no exact int8 GEMM on this CPU (needs AVX512-VNNI or AVX-VNNI): the profile ran fp32";
