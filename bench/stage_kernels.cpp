@@ -18,6 +18,7 @@
 #include "bench_stages.h"
 #include "core/errors.h"
 #include "core/tensor.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
 #include "model/synth_checkpoint.h"
@@ -447,11 +448,12 @@ enum class Peak { F32, Bf16, I8 };
 
 StageRun peak_stage(const BenchContext& ctx, Peak kind) {
   const ThreadPool& pool = ctx.pool();
-  const bool avx512 = __builtin_cpu_supports("avx512f");
-  const bool dp = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
-                  __builtin_cpu_supports("avx512vl");
+  // The kernels' own probes, so MM3_ISA caps the peaks as it caps the kernels (a capped run divides by
+  // the capped peak; cpuid alone had reported the AVX-512 peak under MM3_ISA=avx2).
+  const bool avx512 = kern::detail::cpu_has_avx512();
+  const bool dp = kern::detail::cpu_has_avx512bf16();
   const bool vnni = avx512 && __builtin_cpu_supports("avx512vnni");
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx2 = kern::detail::cpu_has_avx2_fma();
   std::string isa = kind == Peak::Bf16 ? (dp ? "avx512bf16 vdpbf16ps" : "none")
                     : kind == Peak::I8 ? (vnni ? "avx512vnni vpdpbusd" : "none")
                     : avx512           ? "avx512 vfmadd"
@@ -488,7 +490,7 @@ StageRun peak_stage(const BenchContext& ctx, Peak kind) {
 RegisterStage peak_f32{{
     .name = "peak_f32_fma",
     .description = "compute peak: every pool thread runs 12 independent fp32 FMA chains on registers (AVX-512, "
-                   "else AVX2); the fp32 limit the README divides FLOPs by",
+                   "else AVX2; MM3_ISA caps it as it caps the kernels); the fp32 limit the README divides FLOPs by",
     .needs_model = false,
     .setup = [](const BenchContext& ctx) { return peak_stage(ctx, Peak::F32); },
 }};
