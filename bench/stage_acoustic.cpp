@@ -110,15 +110,17 @@ StageRun dit_stage(const BenchContext& ctx, int batch, DType compute, DitGemm ge
             {"bytes_counts", "weights once"},
             {"flops_counts", "2*params*tokens + 4*S^2*D*layers, per batch item"}};
   if (gemm == DitGemm::Int8) {
-    // The limit's parts: the integer work (q | k | v, o, ff_in, ff_out, ff_out's input on two levels: its
-    // weights count twice) at the int8 rate; attention at the bf16 rate where it takes bf16 pair dots
-    // (AVX512-BF16; else it stays in the fp32 part); the rest (the fp32 ends) at the fp32 rate.
+    // The limit's parts: the integer work (q | k | v, o, ff_in, ff_out, each input on one level) at the
+    // int8 rate; attention at the bf16 rate where it takes bf16 pair dots (AVX512-BF16; else it stays
+    // in the fp32 part); the rest at the fp32 rate: the fp32 ends, and the Hadamard rotation of each
+    // GEMM input row (K log2 K adds: three rows of D, one of F, per token and layer).
     const double F = static_cast<double>(c.ff_inner_dim), blocks = (4.0 * D * D + 3.0 * F * D) * c.num_layers;
-    const double i8_ops = batch * 2.0 * S * (blocks + F * D * c.num_layers);
+    const double i8_ops = batch * 2.0 * S * blocks;
     const double att = kern::detail::cpu_has_avx512bf16() ? batch * 4.0 * S * S * D * c.num_layers : 0.0;
+    const double rot = batch * S * (3.0 * D * std::log2(D) + F * std::log2(F)) * c.num_layers;
     r.info["int8_ops"] = i8_ops;
     r.info["bf16_flops_attention"] = att;
-    r.info["f32_flops_rest"] = r.flops - batch * 2.0 * S * blocks - att;
+    r.info["f32_flops_rest"] = r.flops - batch * 2.0 * S * blocks - att + rot;
   }
   // The form the fp32 weights took when the warmup forward packed them (MM3_STRASSEN=1: Strassen's).
   r.finish = [b, gemm, err](double, nlohmann::json& info) {

@@ -132,11 +132,43 @@ LinearWeight gemm_strassen_f32(const LinearWeight& w, const ThreadPool& pool, bo
 // GEMM on this CPU (neither AVX512-VNNI nor AVX-VNNI: a probe product decides, gemm_dnnl.cpp) or
 // MM3_ONEDNN=0; the caller then keeps a float form. Throws BadModel for
 // a weight with a non-finite value.
-// x_two_level: each row of x is taken on two levels, x ≈ sx·(q1 + q2/128) (q2 the first level's rounding
-// error on 127 levels of its own), both through one integer GEMM of 2M rows: x's quantization error drops
-// ~128-fold (what remains is the weight's, ~1% per product), for twice the GEMM work. For inputs with heavy
-// tails (the DiT's GLU output: max/rms ~12 over 8192 values against ~4 for a Gaussian row).
-LinearWeight gemm_only_i8(const LinearWeight& w, const ThreadPool& pool, bool x_two_level = false);
+// I8Options::x_two_level: each row of x is taken on two levels, x ≈ sx·(q1 + q2/128) (q2 the first
+// level's rounding error on 127 levels of its own), both through one integer GEMM of 2M rows: x's
+// quantization error drops ~128-fold (what remains is the weight's, ~1% per product), for twice the GEMM
+// work. For inputs with heavy tails (the DiT's GLU output: max/rms ~12 over 8192 values against ~4 for a
+// Gaussian row); the DiT took it for ff_out until the rotation below made one level enough.
+// I8Options::rotate (used where K is a power of two, rotation_applies; otherwise ignored): every weight
+// row and every row of x goes through rotate_row before it is quantized, so the levels are spent on
+// rotated rows, x·Wᵀ = rot(x)·rot(W)ᵀ / K. The rotation spreads a row's few large values over all K:
+// heavy tails and outlier channels (a few channels 30-300x the rest) then cost about what a Gaussian
+// row does, ~1.0-1.1% per product, where one level without it is off by ~2% (heavy tails) and 5-9%
+// (outlier channels); tests/unit/kernels_linear_i8.cpp measures it. Weight rows with heavy tails gain
+// likewise; bounded ones (uniform-like, as random test weights are) lose a little (their max/rms rises
+// towards a Gaussian's). Activation rows cost K log2 K adds each, in cache (cpu/hadamard.cpp).
+struct I8Options {
+  bool x_two_level = false;
+  bool rotate = false;
+};
+LinearWeight gemm_only_i8(const LinearWeight& w, const ThreadPool& pool, I8Options opt = {});
+
+// The rotation gemm_only_i8 applies (I8Options::rotate): v[k] *= rotation_sign(k) for k < n, then the
+// unnormalized Walsh-Hadamard transform in place (Sylvester order: stages h = 1, 2, 4, .., n/2, each
+// (a, b) -> (a + b, a - b) over pairs h apart): an orthogonal map times sqrt(n), so
+// rotate_row(x) · rotate_row(w) = n (x · w). n must be a power of two <= 65536 (rotation_applies;
+// otherwise InternalError). A row with a NaN or Inf comes out with NaN or Inf. Same bits on every ISA
+// (AVX-512, AVX2, scalar): each output is the same sequence of adds and subtracts; ref::rotate_row is
+// its scalar twin.
+// rotate_row(src, dst, n): the same into dst (src unchanged unless it is dst; no other overlap).
+bool rotation_applies(int64_t n);
+void rotate_row(float* v, int64_t n);
+void rotate_row(const float* src, float* dst, int64_t n);
+// The fixed sign pattern: -1 or +1 for index k (a hash of k; the same for every n).
+inline float rotation_sign(int64_t k) {
+  uint64_t z = static_cast<uint64_t>(k) + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return ((z ^ (z >> 31)) >> 63) ? -1.0f : 1.0f;
+}
 
 // y[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]), for m < M. x rows stride ldx >= in, y rows stride
 // ldy >= out. Accumulates in fp32; the result is rounded once to `store`. Small M (decode, M <= 2..4)

@@ -53,8 +53,8 @@ struct DitItem {
 
 // How the DiT's block GEMMs (q | k | v, o, ff_in, ff_out: all but ~0.1% of its FLOPs) hold and run
 // their weights under the fp32 compute profile. Exact: fp32 (the reference). Int8: W8A8
-// (kern::gemm_only_i8: per-row weight scales, per-token activation scales at every call, ff_out's
-// heavy-tailed input on two levels, exact int32 sums; the FF block run by kern::ff_glu_add and o by
+// (kern::gemm_only_i8: weight rows and activation rows Hadamard-rotated, then per-row weight scales and
+// per-token activation scales at every call, exact int32 sums; the FF block run by kern::ff_glu_add and o by
 // kern::linear_add, so the GLU and both residual adds happen row by row in cache), an opt-in that
 // trades accuracy for speed; attention takes the bf16 profile's form (bf16 pair dots, bf16 probabilities and
 // output) where the CPU has AVX512-BF16, else fp32's; every other op, and the small GEMMs at the ends, stay

@@ -127,9 +127,10 @@ MemoryPlan plan_memory(const Checkpoint& ckpt, int64_t prompt_tokens, int64_t ma
     // fp32 pages they were made from dropped as for the bf16 copies; plus the calling thread's kept
     // scratch for a batch-2 window (M = 2·690 rows; kernels/cpu/gemm_i8.cpp), x as u8 and the int32
     // sums: q | k | v's [M, D] and [M, 3D] (o's fit in them), and the FF's (kern::ff_glu_add, both
-    // held at once) [M, D] and [M, 2F] for ff_in, ff_out's two levels [2M, F] and [2M, D].
+    // held at once) [M, D] and [M, 2F] for ff_in, [M, F] and [M, D] for ff_out; each worker's rotated
+    // row (F floats) is noise.
     const uint64_t D = uint64_t(c.dit.inner_dim()), F = uint64_t(c.dit.ff_inner_dim);
-    const uint64_t scratch = 2ull * 690ull * ((D + 3 * D * 4) + (D + 2 * F * 4) + (2 * F + 2 * D * 4));
+    const uint64_t scratch = 2ull * 690ull * ((D + 3 * D * 4) + (D + 2 * F * 4) + (F + D * 4));
     p.acoustic_weights = component_file_bytes(ckpt, "condition_encoder") + dit_bytes / 4 + voc_bytes + scratch;
   } else if (acoustic_precision == DType::BF16) {
     // The bf16 profile multiplies bf16 copies of the DiT's weights (half the fp32 files); the fp32 pages

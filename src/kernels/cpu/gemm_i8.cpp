@@ -22,6 +22,10 @@
 // q1 = clamp(rint(r), ±127), q2 = clamp(rint((r − q1) · 128), ±127) (|q2| <= 64; r − q1 is exact),
 // so x ≈ sx · (q1 + q2 / 128); both go through one GEMM as 2M rows, and with s = sx[m]·sw[n]
 //   y = store(fma(float(acc1 − comp), s, fma(float(acc2 − comp), s · (1/128), bias[n]))).
+// Rotated forms (I8Options::rotate, K a power of two): every weight row and every row of x is first
+// taken through rotate_row (kernels.h: its signs flipped by a fixed ±1 pattern, then the unnormalized
+// Walsh-Hadamard transform), an orthogonal map up to the factor K, so x·Wᵀ = rot(x)·rot(W)ᵀ / K; the
+// rows are quantized as above after it, and sw[n] carries the 1/K (a power of two: exact).
 #pragma GCC optimize("fp-contract=off")
 
 #include <algorithm>
@@ -47,6 +51,7 @@ struct I8Form {
   std::vector<int32_t> comp;         // [N] 128 · Σ_k qw[n, k]: the u8 offset's share of acc
   int64_t N = 0, K = 0;
   bool two_level = false;  // x quantized on two levels (q1, q2)
+  bool rotate = false;     // rows taken through rotate_row before quantizing
 };
 
 #if !defined(__AVX512F__)
@@ -290,8 +295,14 @@ struct I8Scratch {
     if (acc.size() < static_cast<size_t>(rows * f.N)) acc.resize(static_cast<size_t>(rows * f.N));
     if (sx.size() < static_cast<size_t>(M)) sx.resize(static_cast<size_t>(M));
   }
-  // Row m of x (K values) on f's levels.
+  // Row m of x (K values) on f's levels (rotated first where f is).
   void quantize(const I8Form& f, int64_t M, int64_t m, const float* xr) {
+    if (f.rotate) {
+      thread_local aligned_vector<float> rot;  // this worker's copy of the row
+      if (rot.size() < static_cast<size_t>(f.K)) rot.resize(static_cast<size_t>(f.K));
+      rotate_row(xr, rot.data(), f.K);
+      xr = rot.data();
+    }
     float inv = 0.0f;
     uint8_t* const q1 = xq.data() + m * f.K;
     sx[static_cast<size_t>(m)] = quantize_row(xr, f.K, q1, 128, &inv);
@@ -314,7 +325,7 @@ struct I8Scratch {
 
 }  // namespace
 
-LinearWeight gemm_only_i8(const LinearWeight& w, const ThreadPool& pool, bool x_two_level) {
+LinearWeight gemm_only_i8(const LinearWeight& w, const ThreadPool& pool, I8Options opt) {
   MM3_CHECK(!w.quantized() && !w.gemm_form() && w.weight().ndim() == 2,
             "gemm_only_i8: needs a plain F32 / BF16 weight");
   const int64_t N = w.out_features(), K = w.in_features();
@@ -324,19 +335,28 @@ LinearWeight gemm_only_i8(const LinearWeight& w, const ThreadPool& pool, bool x_
   auto f = std::make_shared<I8Form>();
   f->N = N;
   f->K = K;
-  f->two_level = x_two_level;
+  f->two_level = opt.x_two_level;
+  f->rotate = opt.rotate && rotation_applies(K);
+  // The rotated rows' product is K times the plain one (rotate_row is unnormalized); 1/K is exact.
+  const float unscale = f->rotate ? 1.0f / static_cast<float>(K) : 1.0f;
   f->sw.resize(static_cast<size_t>(N));
   f->comp.resize(static_cast<size_t>(N));
   aligned_vector<int8_t> q(static_cast<size_t>(N * K));
   std::atomic<int64_t> bad_row{-1};
   pool.parallel_for(N, [&](int64_t b, int64_t e) {
+    aligned_vector<float> rot(f->rotate ? static_cast<size_t>(K) : 0);
     for (int64_t n = b; n < e; ++n) {
       uint8_t* qn = reinterpret_cast<uint8_t*>(q.data() + n * K);
-      const float s = quantize_row(wf + n * K, K, qn, 0);
+      const float* row = wf + n * K;
+      if (f->rotate) {
+        rotate_row(row, rot.data(), K);
+        row = rot.data();
+      }
+      const float s = quantize_row(row, K, qn, 0);
       if (!std::isfinite(s)) bad_row.store(n);  // workers must not throw (core/thread_pool.h)
       int32_t sum = 0;
       for (int64_t k = 0; k < K; ++k) sum += static_cast<int8_t>(qn[k]);
-      f->sw[static_cast<size_t>(n)] = s;
+      f->sw[static_cast<size_t>(n)] = s * unscale;
       f->comp[static_cast<size_t>(n)] = 128 * sum;
     }
   });

@@ -63,18 +63,38 @@ float quantize_127(const std::vector<float>& v, std::vector<int>& q) {
 
 }  // namespace
 
+void rotate_row(float* v, int64_t n) {
+  for (int64_t k = 0; k < n; ++k)
+    if (kern::rotation_sign(k) < 0) v[k] = -v[k];
+  for (int64_t h = 1; h < n; h *= 2)
+    for (int64_t i = 0; i < n; i += 2 * h)
+      for (int64_t j = i; j < i + h; ++j) {
+        const float a = v[j], b = v[j + h];
+        v[j] = a + b;
+        v[j + h] = a - b;
+      }
+}
+
 void linear_i8(const float* x, int64_t M, int64_t ldx, const Tensor& weight, const Tensor& bias, float* y, int64_t ldy,
-               DType store, bool x_two_level) {
+               DType store, kern::I8Options opt) {
+  const bool x_two_level = opt.x_two_level;
   const int64_t N = weight.dim(0), K = weight.dim(1);
-  const std::vector<float> w = weight.to_f32_vector();
+  // Rotated rows (power-of-two K): their product is K times x·Wᵀ, so each weight scale carries 1/K.
+  const bool rot = opt.rotate && kern::rotation_applies(K);
+  std::vector<float> w = weight.to_f32_vector();
+  if (rot)
+    for (int64_t n = 0; n < N; ++n) rotate_row(w.data() + n * K, K);
   const std::vector<float> b = bias.raw() ? bias.to_f32_vector() : std::vector<float>();
   std::vector<std::vector<int>> qw(static_cast<size_t>(N));
   std::vector<float> sw(static_cast<size_t>(N));
-  for (int64_t n = 0; n < N; ++n)
+  for (int64_t n = 0; n < N; ++n) {
     sw[n] = quantize_127(std::vector<float>(w.begin() + n * K, w.begin() + (n + 1) * K), qw[n]);
+    if (rot) sw[n] *= 1.0f / static_cast<float>(K);
+  }
   std::vector<int> qx, qx2;
   for (int64_t m = 0; m < M; ++m) {
-    const std::vector<float> row(x + m * ldx, x + m * ldx + K);
+    std::vector<float> row(x + m * ldx, x + m * ldx + K);
+    if (rot) rotate_row(row.data(), K);
     const float sx = quantize_127(row, qx);
     // Second level: the first level's rounding error r − q1 (r = x · 127 / a), on 128 steps a level.
     qx2.assign(static_cast<size_t>(K), 0);

@@ -23,9 +23,11 @@ void linear(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, cons
 // kern::gemm_only_i8's W8A8 scheme (kernels.h, cpu/gemm_i8.cpp) from the plain weight [N, K] (F32 or
 // BF16) and bias ([N] or an empty Tensor): per-row weight and activation quantization, exact integer
 // sums, y = store(fma(float(sum), sx·sw, bias)). Bitwise what linear() on gemm_only_i8(w) writes;
-// x_two_level: x on two levels (cpu/gemm_i8.cpp), as gemm_only_i8(w, pool, true).
+// opt as gemm_only_i8's: x on two levels (cpu/gemm_i8.cpp); rows rotated (rotate_row) where K allows.
 void linear_i8(const float* x, int64_t M, int64_t ldx, const Tensor& weight, const Tensor& bias, float* y, int64_t ldy,
-               DType store, bool x_two_level = false);
+               DType store, kern::I8Options opt = {});
+// kern::rotate_row's scalar twin, written from its contract (kernels.h).
+void rotate_row(float* v, int64_t n);
 void gemm_f32(const ThreadPool& pool, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
               const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
