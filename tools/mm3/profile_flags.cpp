@@ -21,10 +21,10 @@ void add_profile_flags(CLI::App& sub, ProfileArgs& a) {
   sub.add_option("--dit-gemm", a.dit_gemm,
                  "The DiT's block GEMMs (q|k|v, o, ff_in, ff_out): exact (default; fp32 or bf16 per "
                  "--acoustic-precision) or int8 (opt-in, with --acoustic-precision f32: weights and each token's "
-                 "activations on 127 levels, integer GEMMs on AVX512-VNNI or AVX-VNNI; measured on Zen 5 an Euler "
-                 "step 2.75x faster than f32 and 1.5x than bf16; with AVX2 + AVX-VNNI only (Intel laptops from "
-                 "12th gen on, where bf16 is no faster than f32) ~2.8x faster than f32 on Zen 5 capped to that), "
-                 "its velocity ~2x further from f32's than bf16's on random "
+                 "activations Hadamard-rotated, then on 127 levels, integer GEMMs on AVX512-VNNI or AVX-VNNI; "
+                 "measured on Zen 5 an Euler step ~3.5x faster than f32 and ~1.9x than bf16; with AVX2 + AVX-VNNI "
+                 "only (Intel laptops from 12th gen on, where bf16 is no faster than f32) ~3.4x faster than f32 on "
+                 "Zen 5 capped to that), its velocity ~2x further from f32's than bf16's on random "
                  "weights; quality on the real weights unmeasured, see README 'Compute profiles')");
 }
 
