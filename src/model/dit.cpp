@@ -160,11 +160,13 @@ const DiT::Weights& DiT::int8_weights(const ThreadPool& pool) const {
   // weights are bounded (Irwin-Hall), which the rotation makes Gaussian, so that 0.074 is its worst case:
   // with Gaussian weights the rotation is neutral, with heavy-tailed ones it halves the weights' error, and
   // with outlier channels in x (common in trained transformers) one level unrotated is off by 5-9% a
-  // product where rotated it stays ~1.1% (README, Compute profiles).
-  auto pack_i8 = [&](kern::LinearWeight& lw) {
+  // product where rotated it stays ~1.1% (README, Compute profiles). A width that is not a power of two
+  // (no such checkpoint is known) cannot be rotated: ff_out then keeps its two levels.
+  auto pack_i8 = [&](kern::LinearWeight& lw, bool heavy_tailed) {
     const Tensor src = lw.weight();
     populate_mapped_pages(src, &pool);
-    kern::LinearWeight q = kern::gemm_only_i8(lw, pool, {.rotate = true});
+    const bool rot = kern::rotation_applies(lw.in_features());
+    kern::LinearWeight q = kern::gemm_only_i8(lw, pool, {.x_two_level = heavy_tailed && !rot, .rotate = rot});
     if (q.out_features() == 0) {
       all_i8 = false;
       q = kern::gemm_only_f32(lw, pool);
@@ -181,7 +183,8 @@ const DiT::Weights& DiT::int8_weights(const ThreadPool& pool) const {
       release_mapped_pages(lw->weight());
       *lw = kern::LinearWeight();
     }
-    for (auto* lw : {&bl.qkv, &bl.o, &bl.ff_in, &bl.ff_out}) pack_i8(*lw);
+    for (auto* lw : {&bl.qkv, &bl.o, &bl.ff_in}) pack_i8(*lw, false);
+    pack_i8(bl.ff_out, true);
   }
   int8_ = std::move(w);
   int8_active_ = all_i8;
