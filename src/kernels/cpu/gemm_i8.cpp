@@ -24,7 +24,7 @@
 //   y = store(fma(float(acc1 − comp), s, fma(float(acc2 − comp), s · (1/128), bias[n]))).
 // Rotated forms (I8Options::rotate, K a power of two): every weight row and every row of x is first
 // taken through rotate_row (kernels.h: its signs flipped by a fixed ±1 pattern, then the unnormalized
-// Walsh-Hadamard transform), an orthogonal map up to the factor K, so x·Wᵀ = rot(x)·rot(W)ᵀ / K; the
+// Walsh-Hadamard transform), an orthogonal map times √K, so x·Wᵀ = rot(x)·rot(W)ᵀ / K; the
 // rows are quantized as above after it, and sw[n] carries the 1/K (a power of two: exact).
 #pragma GCC optimize("fp-contract=off")
 

@@ -1,9 +1,10 @@
 // hadamard.cpp — kern::rotate_row (kernels.h): a row's signs flipped by rotation_sign, then the
 // unnormalized Walsh-Hadamard transform in place. gemm_only_i8's rotated forms (I8Options::rotate) take
 // weight rows through it once and every activation row at every call, so it is vectorized: on AVX-512 the
-// sign flip and the four stages inside a 16-float vector in registers (a lane swap and one add per stage),
-// then the stages h >= 16 across vectors, two at a time while two remain (a 4-point butterfly of rows h
-// apart: one load and one store per element for two stages). The AVX2 twin does the same on 8 lanes.
+// sign flip and the four stages inside a 16-float vector in registers (a lane swap, a sign flip and an add
+// per stage), then the stages h >= 16 across vectors, two at a time while two remain (a 4-point butterfly
+// of elements h apart: one load and one store per element for two stages). The AVX2 twin does the same on
+// 8 lanes. Rotating a row of 8192 is ~1% of the int8 DiT's samples (twenty-second session).
 // The first pass reads the source row, so rotating a copy costs no separate copy. Every output is the
 // scalar loop's sequence of adds and subtracts, so all paths give the same bits
 // (x − y is x + (−y) in IEEE arithmetic, and a + b is b + a). ref::rotate_row is the scalar twin.
