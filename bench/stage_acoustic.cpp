@@ -113,11 +113,16 @@ StageRun dit_stage(const BenchContext& ctx, int batch, DType compute, DitGemm ge
     // The limit's parts: the integer work (q | k | v, o, ff_in, ff_out, each input on one level) at the
     // int8 rate; attention at the bf16 rate where it takes bf16 pair dots (AVX512-BF16; else it stays
     // in the fp32 part); the rest at the fp32 rate: the fp32 ends, and the Hadamard rotation of each
-    // GEMM input row (K log2 K adds: three rows of D, one of F, per token and layer).
+    // GEMM input row (K log2 K adds: three rows of D, one of F, per token and layer). Widths that are not
+    // powers of two are not rotated, and ff_out's input then goes on two levels (model/dit.cpp): its
+    // weights count twice.
     const double F = static_cast<double>(c.ff_inner_dim), blocks = (4.0 * D * D + 3.0 * F * D) * c.num_layers;
-    const double i8_ops = batch * 2.0 * S * blocks;
+    const bool rot_d = kern::rotation_applies(c.inner_dim()), rot_f = kern::rotation_applies(c.ff_inner_dim);
+    const double i8_ops = batch * 2.0 * S * (blocks + (rot_f ? 0.0 : F * D * c.num_layers));
     const double att = kern::detail::cpu_has_avx512bf16() ? batch * 4.0 * S * S * D * c.num_layers : 0.0;
-    const double rot = batch * S * (3.0 * D * std::log2(D) + F * std::log2(F)) * c.num_layers;
+    const double rot =
+        batch * S * ((rot_d ? 3.0 * D * std::log2(D) : 0.0) + (rot_f ? F * std::log2(F) : 0.0)) * c.num_layers;
+    r.info["int8_rotated"] = rot_d && rot_f;  // else some GEMM inputs unrotated (ff_out's: on two levels)
     r.info["int8_ops"] = i8_ops;
     r.info["bf16_flops_attention"] = att;
     r.info["f32_flops_rest"] = r.flops - batch * 2.0 * S * blocks - att + rot;
@@ -162,7 +167,8 @@ RegisterStage reg_dit_int8{{
     .description =
         "DiT::forward over one 689-latent window, batch 1, F32 compute with the block GEMMs W8A8 (int8 "
         "weights prepared in setup; info int8_active, and rel_rms_vs_f32: the velocity against an exact "
-        "F32 forward run in setup; int8_ops, bf16_flops_attention and f32_flops_rest: the work its limit divides by "
+        "F32 forward run in setup; int8_rotated: every GEMM input Hadamard-rotated (widths powers of two); "
+        "int8_ops, bf16_flops_attention and f32_flops_rest: the work its limit divides by "
         "peak_i8_dot, peak_bf16_dot and peak_f32_fma); bytes = ~1 byte a parameter; flops = 2*params*tokens + "
         "attention",
     .needs_model = true,
