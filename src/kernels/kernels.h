@@ -35,7 +35,7 @@ namespace mm3::kern {
 // `linear` takes the quantized paths described in quant.h (bias as above).
 // The backend GEMM forms a LinearWeight may hold instead of its plain tensor (gemm_only_bf16,
 // gemm_only_f32, gemm_strassen_f32 below).
-enum class GemmKind : uint8_t { None, Bf16Dnnl, F32Panels, F32Dnnl, F32Strassen, I8Dnnl };
+enum class GemmKind : uint8_t { None, Bf16Dnnl, F32Panels, F32Dnnl, F32Strassen, I8 };
 
 class LinearWeight {
  public:
@@ -120,18 +120,21 @@ LinearWeight gemm_only_f32(const LinearWeight& w, const ThreadPool& pool, bool o
 LinearWeight gemm_strassen_f32(const LinearWeight& w, const ThreadPool& pool, bool onednn = true);
 
 // A W8A8 copy of a plain F32 / BF16 weight for a computation that accepts int8 rounding (the DiT's
-// opt-in int8 profile, model/dit.h): GemmKind::I8Dnnl, each weight row quantized once to 127 symmetric
+// opt-in int8 profile, model/dit.h): GemmKind::I8, each weight row quantized once to 127 symmetric
 // levels with its own scale, and at every `linear` call each row of x likewise (dynamic, per token);
-// the integer products summed exactly in int32 by oneDNN's u8 x s8 brgemm (VNNI), then
-// y = store(fma(float(sum), sx[m]·sw[n], bias[n])) (cpu/gemm_i8.cpp states the scheme exactly;
-// ref::linear_i8 is its scalar twin, bitwise equal). Measured on 2 Zen 5 cores at the DiT's shapes,
+// the integer products summed exactly in int32, then y = store(fma(float(sum), sx[m]·sw[n], bias[n]))
+// (cpu/gemm_i8.cpp states the scheme exactly; ref::linear_i8 is its scalar twin, bitwise equal). The
+// sums run in our own AVX512-VNNI GEMM, whose tiles apply that epilogue (and linear_glu's GLU) while
+// the sums are in registers, or, where the CPU has only AVX-VNNI (Intel's client cores), in oneDNN's
+// u8 x s8 GEMM followed by a pass over its int32 output. Measured on 2 Zen 5 cores at the DiT's shapes,
 // the integer GEMM runs 2.1x oneDNN's bf16 and 4x its fp32. Its error is the quantization's: ~1%
 // relative per product on Gaussian data, far above fp32's or bf16's, so it is never a default. `linear`
 // on it takes every M with either store; bitwise deterministic and independent of the thread count
-// (the sums are exact). Returns an empty LinearWeight (out_features() 0) where oneDNN has no exact int8
-// GEMM on this CPU (neither AVX512-VNNI nor AVX-VNNI: a probe product decides, gemm_dnnl.cpp) or
-// MM3_ONEDNN=0; the caller then keeps a float form. Throws BadModel for
-// a weight with a non-finite value.
+// (the sums are exact). Returns an empty LinearWeight (out_features() 0) where neither GEMM is exact on
+// this CPU (no AVX512-VNNI, and oneDNN's probe product finds no exact int8 GEMM: gemm_dnnl.cpp; or
+// MM3_ONEDNN=0 there); the caller then keeps a float form. MM3_ISA below avx512 leaves only oneDNN's;
+// MM3_I8_GEMM=onednn takes oneDNN's where both exist (for comparisons). Throws BadModel for a weight
+// with a non-finite value.
 // I8Options::x_two_level: each row of x is taken on two levels, x ≈ sx·(q1 + q2/128) (q2 the first
 // level's rounding error on 127 levels of its own), both through one integer GEMM of 2M rows: x's
 // quantization error drops ~128-fold (what remains is the weight's, ~1% per product), for twice the GEMM
@@ -145,11 +148,19 @@ LinearWeight gemm_strassen_f32(const LinearWeight& w, const ThreadPool& pool, bo
 // (outlier channels); tests/unit/kernels_linear_i8.cpp measures it. Weight rows with heavy tails gain
 // likewise; bounded ones (uniform-like, as random test weights are) lose a little (their max/rms rises
 // towards a Gaussian's). Activation rows cost K log2 K adds each, in cache (cpu/hadamard.cpp).
+// I8Options::glu_pairs (a layout hint, no change to any value): for a weight whose output rows are
+// [a | g] of a GLU (linear_glu, ff_glu_add's w_in), its own VNNI panels (cpu/gemm_i8.cpp) pair column j
+// with column j + N/2, so the GLU leaves the GEMM's tiles and only the [M, N/2] activations reach
+// memory. Taken where N is a multiple of 128 and the CPU runs that GEMM; any use gives the same bits.
 struct I8Options {
   bool x_two_level = false;
   bool rotate = false;
+  bool glu_pairs = false;
 };
 LinearWeight gemm_only_i8(const LinearWeight& w, const ThreadPool& pool, I8Options opt = {});
+// Whether gemm_only_i8 would take our VNNI GEMM here (AVX512-VNNI within MM3_ISA, MM3_I8_GEMM not
+// "onednn"): its one-level forms then keep no int32 sums in memory (the memory plan counts on it).
+bool i8_gemm_own();
 
 // The rotation gemm_only_i8 applies (I8Options::rotate): v[k] *= rotation_sign(k) for k < n, then the
 // unnormalized Walsh-Hadamard transform in place (Sylvester order: stages h = 1, 2, 4, .., n/2, each

@@ -162,11 +162,12 @@ const DiT::Weights& DiT::int8_weights(const ThreadPool& pool) const {
   // with outlier channels in x (common in trained transformers) one level unrotated is off by 5-9% a
   // product where rotated it stays ~1.1% (README, Compute profiles). A width that is not a power of two
   // (no such checkpoint is known) cannot be rotated: ff_out then keeps its two levels.
-  auto pack_i8 = [&](kern::LinearWeight& lw, bool heavy_tailed) {
+  auto pack_i8 = [&](kern::LinearWeight& lw, bool heavy_tailed, bool glu = false) {
     const Tensor src = lw.weight();
     populate_mapped_pages(src, &pool);
     const bool rot = kern::rotation_applies(lw.in_features());
-    kern::LinearWeight q = kern::gemm_only_i8(lw, pool, {.x_two_level = heavy_tailed && !rot, .rotate = rot});
+    kern::LinearWeight q =
+        kern::gemm_only_i8(lw, pool, {.x_two_level = heavy_tailed && !rot, .rotate = rot, .glu_pairs = glu});
     if (q.out_features() == 0) {
       all_i8 = false;
       q = kern::gemm_only_f32(lw, pool);
@@ -183,7 +184,8 @@ const DiT::Weights& DiT::int8_weights(const ThreadPool& pool) const {
       release_mapped_pages(lw->weight());
       *lw = kern::LinearWeight();
     }
-    for (auto* lw : {&bl.qkv, &bl.o, &bl.ff_in}) pack_i8(*lw, false);
+    for (auto* lw : {&bl.qkv, &bl.o}) pack_i8(*lw, false);
+    pack_i8(bl.ff_in, false, /*glu=*/true);
     pack_i8(bl.ff_out, true);
   }
   int8_ = std::move(w);
@@ -316,7 +318,7 @@ void DiT::forward(const ThreadPool& pool, const std::vector<DitItem>& items, int
   grow(ws.att, B * S * D);
   // the int8 profile's GEMMs add into h themselves, and its FF keeps its [B·S, 2F] and [B·S, F] floats in
   // cache (kern::linear_add, kern::ff_glu_add): no tmp, ff or act buffers
-  const bool i8 = !W.blocks.empty() && W.blocks[0].ff_in.gemm_kind() == kern::GemmKind::I8Dnnl;
+  const bool i8 = !W.blocks.empty() && W.blocks[0].ff_in.gemm_kind() == kern::GemmKind::I8;
   if (!i8) {
     grow(ws.tmp, B * S * D);
     grow(ws.ff, B * S * 2 * F);

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/errors.h"
+#include "kernels/kernels.h"
 #include "model/checkpoint.h"
 #include "model/dit.h"
 
@@ -125,12 +126,15 @@ MemoryPlan plan_memory(const Checkpoint& ckpt, int64_t prompt_tokens, int64_t ma
     // The block GEMMs' int8 weights (a quarter of their fp32 bytes; their row scales are noise) beside
     // the small fp32 ends (counted at fp32 within the quarter's slack: ~0.1% of the parameters), the
     // fp32 pages they were made from dropped as for the bf16 copies; plus the calling thread's kept
-    // scratch for a batch-2 window (M = 2·690 rows; kernels/cpu/gemm_i8.cpp), x as u8 and the int32
-    // sums: q | k | v's [M, D] and [M, 3D] (o's fit in them), and the FF's (kern::ff_glu_add, both
-    // held at once) [M, D] and [M, 2F] for ff_in, [M, F] and [M, D] for ff_out; each worker's rotated
-    // row (F floats) is noise.
+    // scratch for a batch-2 window (M = 2·690 rows; kernels/cpu/gemm_i8.cpp), x as u8 and, where the
+    // int32 sums go to memory (oneDNN's GEMM), the sums: q | k | v's [M, D] and [M, 3D] (o's fit in
+    // them), and the FF's (kern::ff_glu_add, both held at once) [M, D] and [M, 2F] for ff_in, [M, F]
+    // and [M, D] for ff_out. Our VNNI GEMM (kern::i8_gemm_own) keeps no sums: x's bytes, and the
+    // GLU's [M, F] floats between ff_in and ff_out. Each worker's rotated row (F floats) and partial
+    // sums (96 KiB) are noise.
     const uint64_t D = uint64_t(c.dit.inner_dim()), F = uint64_t(c.dit.ff_inner_dim);
-    const uint64_t scratch = 2ull * 690ull * ((D + 3 * D * 4) + (D + 2 * F * 4) + (F + D * 4));
+    const uint64_t scratch = kern::i8_gemm_own() ? 2ull * 690ull * (D + (D + F * 4) + F)
+                                                 : 2ull * 690ull * ((D + 3 * D * 4) + (D + 2 * F * 4) + (F + D * 4));
     p.acoustic_weights = component_file_bytes(ckpt, "condition_encoder") + dit_bytes / 4 + voc_bytes + scratch;
   } else if (acoustic_precision == DType::BF16) {
     // The bf16 profile multiplies bf16 copies of the DiT's weights (half the fp32 files); the fp32 pages

@@ -1,5 +1,7 @@
-// kernels_linear_i8.cpp — kern::gemm_only_i8 (W8A8 through oneDNN's int8 brgemm, cpu/gemm_i8.cpp)
-// through kern::linear:
+// kernels_linear_i8.cpp — kern::gemm_only_i8 (W8A8: our AVX512-VNNI GEMM with its epilogue in the tiles,
+// or oneDNN's int8 GEMM; cpu/gemm_i8.cpp) through kern::linear. The plain run takes ours where the CPU has
+// AVX512-VNNI; ctest runs the file again with MM3_I8_GEMM=onednn (kernels_i8_onednn_native) and capped
+// (below), so every test here checks both GEMMs:
 // * bitwise equal to its scalar twin ref::linear_i8 (the integer sums are exact, so any order gives
 //   the same bits) at odd sizes (M = 1 .. 130, N and K off every block size, K = 1), with and without
 //   bias, store F32 and BF16, F32 and BF16 source weights, strided x / y with guard zones;
@@ -11,11 +13,14 @@
 //   two up to 65536, exact as the dot-product identity it exists for, and the rotated forms bitwise
 //   their twin and within ~1.1% per product on heavy tails and outlier channels;
 // * exact on the bytes that saturate a 16-bit pair sum (u8 255 against s8 ±127), and offered only
-//   where oneDNN's sums are exact: ctest runs this file again with oneDNN capped (ONEDNN_MAX_CPU_ISA,
-//   tests/CMakeLists.txt) at AVX2_VNNI (gemm:jit on VPDPBUSD, 256-bit: what an Intel client core from
-//   Alder Lake on runs; every test here must pass on it) and at AVX2 (VPMADDUBSW: refused).
-// Skips (loudly) where oneDNN has no exact int8 GEMM on this CPU (neither AVX512-VNNI nor AVX-VNNI),
-// where gemm_only_i8 returns an empty weight.
+//   where oneDNN's sums are exact: ctest runs this file again with our kernels capped to AVX2 (MM3_ISA,
+//   so oneDNN's GEMM is the one left) and oneDNN capped (ONEDNN_MAX_CPU_ISA, tests/CMakeLists.txt) at
+//   AVX2_VNNI (gemm:jit on VPDPBUSD, 256-bit: what an Intel client core from Alder Lake on runs; every
+//   test here must pass on it) and at AVX2 (VPMADDUBSW: refused).
+// * the GLU-paired panels (I8Options::glu_pairs): plain products through them bitwise the twin, the GLU
+//   in the tiles' epilogue bitwise linear() then silu_mul.
+// Skips (loudly) where the CPU has no exact int8 GEMM (neither AVX512-VNNI nor AVX-VNNI), where
+// gemm_only_i8 returns an empty weight.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -35,10 +40,10 @@ namespace {
 using test::Guarded;
 using test::Rng;
 
-#define MM3_REQUIRE_I8(w)                                                                             \
-  if ((w).gemm_kind() != kern::GemmKind::I8Dnnl)                                                      \
-  GTEST_SKIP() << "oneDNN offers no exact int8 GEMM on this CPU (needs AVX512-VNNI or AVX-VNNI), or " \
-                  "MM3_ONEDNN=0: gemm_only_i8 returned no form"
+#define MM3_REQUIRE_I8(w)                                                                           \
+  if ((w).gemm_kind() != kern::GemmKind::I8)                                                        \
+  GTEST_SKIP() << "no exact int8 GEMM on this CPU (ours needs AVX512-VNNI, oneDNN's AVX-VNNI), or " \
+                  "MM3_ONEDNN=0 there: gemm_only_i8 returned no form"
 
 kern::LinearWeight make_weight(Rng& rng, int64_t N, int64_t K, bool bias, DType dt) {
   Tensor w = Tensor::from_f32(rng.vec(static_cast<size_t>(N * K), -1.f, 1.f), {N, K}).to(dt);
@@ -67,9 +72,9 @@ struct Case {
 };
 
 TEST(KernelsLinearI8, BitwiseEqualToTheTwinOddSizes) {
-  const Case cases[] = {{1, 37, 29},   {2, 64, 33},    {4, 97, 7},    {5, 37, 29},  {7, 100, 3},
-                        {37, 129, 65}, {64, 300, 130}, {130, 64, 96}, {3, 1, 5},    {9, 33, 1},
-                        {600, 48, 40}, {5, 128, 31},   {33, 512, 17}, {2, 2048, 9}, {70, 16, 45}};
+  const Case cases[] = {{1, 37, 29},    {2, 64, 33},   {4, 97, 7},   {5, 37, 29},    {7, 100, 3},     {37, 129, 65},
+                        {64, 300, 130}, {130, 64, 96}, {3, 1, 5},    {9, 33, 1},     {600, 48, 40},   {5, 128, 31},
+                        {33, 512, 17},  {2, 2048, 9},  {70, 16, 45}, {37, 129, 128}, {400, 1024, 384}};
   ThreadPool pool(2);
   uint64_t seed = 11;
   for (const Case& c : cases)
@@ -78,12 +83,13 @@ TEST(KernelsLinearI8, BitwiseEqualToTheTwinOddSizes) {
         for (DType store : {DType::F32, DType::BF16}) {
           const bool two = (seed % 2) == 0;  // x on one or two levels, alternating
           const bool rot = (seed / 2) % 2 == 0;  // rotated or not (applies where K is a power of two)
+          const bool pairs = (seed / 4) % 2 == 0;  // GLU-paired panels or not (where N is a multiple of 128)
           SCOPED_TRACE(::testing::Message() << "M=" << c.M << " K=" << c.K << " N=" << c.N << " bias=" << with_bias
                                             << " w=" << dtype_name(wdt) << " store=" << dtype_name(store)
-                                            << " two_level=" << two << " rotate=" << rot);
+                                            << " two_level=" << two << " rotate=" << rot << " glu_pairs=" << pairs);
           Rng rng(seed++);
           const kern::LinearWeight plain = make_weight(rng, c.N, c.K, with_bias, wdt);
-          const kern::I8Options opt{.x_two_level = two, .rotate = rot};
+          const kern::I8Options opt{.x_two_level = two, .rotate = rot, .glu_pairs = pairs};
           const kern::LinearWeight w = kern::gemm_only_i8(plain, pool, opt);
           MM3_REQUIRE_I8(w);
           EXPECT_EQ(w.weight().raw(), nullptr) << "the plain tensor must not be kept";
@@ -147,7 +153,7 @@ TEST(KernelsLinearI8, OfferedOnlyWhereItsSumsAreExact) {
   Rng rng(2);
   const kern::LinearWeight w = kern::gemm_only_i8(make_weight(rng, 40, 300, true, DType::F32), pool);
   if (want == "offered")
-    EXPECT_EQ(w.gemm_kind(), kern::GemmKind::I8Dnnl) << "this CPU has VNNI: the int8 GEMM should be offered";
+    EXPECT_EQ(w.gemm_kind(), kern::GemmKind::I8) << "this CPU has VNNI: the int8 GEMM should be offered";
   else
     EXPECT_EQ(w.out_features(), 0) << "oneDNN's int8 GEMM is not exact under this cap: it must be refused";
 }
@@ -245,18 +251,20 @@ TEST(KernelsLinearI8, WithinTheQuantizationErrorOfTheExactProduct) {
 // both levels) and on a plain fp32 weight (the fallback), odd sizes, strided x / act with guard zones.
 // RED: gate and up swapped in the fused epilogue fails every case on the int8 form.
 TEST(KernelsLinearI8, LinearGluEqualsLinearThenSiluMul) {
-  const Case cases[] = {{1, 37, 30}, {5, 64, 66}, {37, 129, 34}, {130, 100, 96}, {9, 33, 2}};
+  const Case cases[] = {{1, 37, 30}, {5, 64, 66},  {37, 129, 34},  {130, 100, 96},
+                        {9, 33, 2},  {7, 64, 128}, {400, 100, 256}};
   ThreadPool pool(2);
   uint64_t seed = 40;
   for (const Case& c : cases)
-    for (int form = 0; form < 3; ++form)  // int8 one level, int8 two levels, plain fp32
+    for (int form = 0; form < 4; ++form)  // int8 one level, int8 two levels, plain fp32, int8 GLU-paired
       for (DType store : {DType::F32, DType::BF16}) {
         SCOPED_TRACE(::testing::Message() << "M=" << c.M << " K=" << c.K << " N=" << c.N << " form=" << form
                                           << " store=" << dtype_name(store));
         Rng rng(seed++);
         const kern::LinearWeight plain = make_weight(rng, c.N, c.K, /*bias=*/true, DType::F32);
-        const kern::LinearWeight w = form == 2 ? plain : kern::gemm_only_i8(plain, pool, {.x_two_level = form == 1});
-        if (form < 2) MM3_REQUIRE_I8(w);
+        const kern::LinearWeight w =
+            form == 2 ? plain : kern::gemm_only_i8(plain, pool, {.x_two_level = form == 1, .glu_pairs = form == 3});
+        if (form != 2) MM3_REQUIRE_I8(w);
         const int64_t F = c.N / 2, ldx = c.K + 1, lda = F + 3;
         const std::vector<float> x = rng.vec(static_cast<size_t>(c.M * ldx), -2.f, 2.f);
         std::vector<float> y(static_cast<size_t>(c.M * c.N)), want(static_cast<size_t>(c.M * F));
@@ -307,18 +315,21 @@ TEST(KernelsLinearI8, FfGluAddEqualsItsComposition) {
   struct FfCase {
     int64_t M, K, F, D;
   };
-  const FfCase cases[] = {{1, 37, 15, 30}, {6, 64, 33, 66}, {37, 129, 17, 34}, {130, 100, 48, 97}, {9, 64, 32, 20}};
+  const FfCase cases[] = {{1, 37, 15, 30}, {6, 64, 33, 66}, {37, 129, 17, 34},  {130, 100, 48, 97},
+                          {9, 64, 32, 20}, {9, 64, 64, 20}, {400, 128, 192, 33}};
   ThreadPool pool(2);
   uint64_t seed = 80;
   for (const FfCase& c : cases)
-    for (int form = 0; form < 3; ++form)  // int8 (out on two levels), int8 one level rotated, plain fp32
+    for (int form = 0; form < 3; ++form)  // int8 (out on two levels), int8 one level rotated and GLU-paired
+                                          // as the DiT takes it (where 2F is a multiple of 128), plain fp32
       for (DType store : {DType::F32, DType::BF16}) {
         SCOPED_TRACE(::testing::Message() << "M=" << c.M << " K=" << c.K << " F=" << c.F << " D=" << c.D
                                           << " form=" << form << " store=" << dtype_name(store));
         Rng rng(seed++);
         const kern::LinearWeight pin = make_weight(rng, 2 * c.F, c.K, /*bias=*/true, DType::F32);
         const kern::LinearWeight pout = make_weight(rng, c.D, c.F, /*bias=*/true, DType::F32);
-        const kern::LinearWeight win = form == 2 ? pin : kern::gemm_only_i8(pin, pool, {.rotate = form == 1});
+        const kern::LinearWeight win =
+            form == 2 ? pin : kern::gemm_only_i8(pin, pool, {.rotate = form == 1, .glu_pairs = form == 1});
         const kern::LinearWeight wout =
             form == 2 ? pout : kern::gemm_only_i8(pout, pool, {.x_two_level = form == 0, .rotate = form == 1});
         if (form < 2) {
@@ -429,7 +440,7 @@ TEST(KernelsRotation, OneLevelRotatedIsCheapOnHeavyTailsAndOutlierChannels) {
     std::vector<float> exact(static_cast<size_t>(M * N)), y(exact.size());
     ref::linear(pool, x.data(), M, K, plain, exact.data(), N, DType::F32);
     const kern::LinearWeight w = kern::gemm_only_i8(plain, pool, {.rotate = rot});
-    if (w.gemm_kind() != kern::GemmKind::I8Dnnl) return -1.0;
+    if (w.gemm_kind() != kern::GemmKind::I8) return -1.0;
     kern::linear(pool, x.data(), M, K, w, y.data(), N, DType::F32);
     double e2 = 0, r2 = 0;
     for (size_t i = 0; i < y.size(); ++i) {
@@ -440,7 +451,7 @@ TEST(KernelsRotation, OneLevelRotatedIsCheapOnHeavyTailsAndOutlierChannels) {
   };
   const double glu0 = rel_err(glu, false), glu1 = rel_err(glu, true), out0 = rel_err(outl, false),
                out1 = rel_err(outl, true);
-  if (glu0 < 0) GTEST_SKIP() << "oneDNN offers no exact int8 GEMM on this CPU (needs AVX512-VNNI or AVX-VNNI)";
+  if (glu0 < 0) GTEST_SKIP() << "no exact int8 GEMM on this CPU (ours needs AVX512-VNNI, oneDNN's AVX-VNNI)";
   std::printf(
       "[ int8 ] one level, rel RMS per product: heavy tails %.4f, rotated %.4f; outlier channels %.4f, "
       "rotated %.4f\n",

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "kernels/kernels.h"
 #include "model/checkpoint.h"
 #include "pipeline/memory_plan.h"
 
@@ -53,8 +54,8 @@ TEST(MemoryPlan, CountsTheStrassenFormOfTheFp32FfWeights) {
 }
 
 // --dit-gemm int8: the DiT counted at a quarter of its fp32 files (its block GEMMs' int8 weights) plus the
-// int8 GEMM's kept scratch for a batch-2 window (u8 x: ff_out's two levels [2·1380, F] or [1380, D];
-// int32 sums: ff_in's [1380, 2F] or q | k | v's [1380, 3D]);
+// int8 GEMM's kept scratch for a batch-2 window (u8 x of each GEMM; oneDNN's int32 sums of q | k | v,
+// ff_in and ff_out, or with our VNNI GEMM only the GLU's floats between ff_in and ff_out);
 // the AR stage untouched. RED: the int8 plan left at the fp32 count fails the first check.
 TEST(MemoryPlan, CountsTheInt8DitWeights) {
   const fs::path g = fs::path(MM3_GOLDEN_DIR);
@@ -65,8 +66,10 @@ TEST(MemoryPlan, CountsTheInt8DitWeights) {
   uint64_t dit_files = 0;
   for (const auto& e : fs::directory_iterator(g / "checkpoint" / "transformer"))
     if (e.path().extension() == ".safetensors") dit_files += fs::file_size(e.path());
-  // x as u8 and the int32 sums of q | k | v, of ff_in and of ff_out (one level; kern::ff_glu_add holds both)
-  const uint64_t scratch = 1380ull * ((D + 12 * D) + (D + 8 * F) + (F + 4 * D));
+  // x as u8 and the int32 sums of q | k | v, of ff_in and of ff_out (one level; kern::ff_glu_add holds both),
+  // or (our VNNI GEMM) x as u8 and ff_in's GLU output [1380, F] as floats
+  const uint64_t scratch =
+      kern::i8_gemm_own() ? 1380ull * (D + (D + 4 * F) + F) : 1380ull * ((D + 12 * D) + (D + 8 * F) + (F + 4 * D));
   unsetenv("MM3_STRASSEN");
   const MemoryPlan plain = plan_memory(ck, 100, 50, DType::BF16, DType::F32);
   const MemoryPlan i8 = plan_memory(ck, 100, 50, DType::BF16, DType::F32, DitGemm::Int8);

@@ -1,9 +1,11 @@
 // gemm_i8.cpp — kern::gemm_only_i8 (kernels.h): W8A8 linear layers, the weights quantized once per
-// output row, the activations per row at every call, the integer GEMM in oneDNN's u8 x s8 -> s32
-// matmul (brgemm with AVX512-VNNI; gemm:jit where the CPU has only AVX-VNNI, as Intel's client cores
-// from Alder Lake on), the scales applied here. On Zen 5 capped to such a core (ONEDNN_MAX_CPU_ISA=
-// AVX2_VNNI, MM3_ISA=avx2, an -march=alderlake build) the batch-1 DiT forward ran 7.5-8.9 s in int8
-// against 21.8 s in fp32 on oneDNN's JIT sgemm (24.9 s on gemm_nt's panels; twenty-first session).
+// output row, the activations per row at every call, the integer GEMM our own where the CPU has
+// AVX512-VNNI (vnni_gemm below: the scales, bias, residual add or GLU applied in its tiles' epilogue),
+// else oneDNN's u8 x s8 -> s32 matmul (gemm:jit where the CPU has only AVX-VNNI, as Intel's client cores
+// from Alder Lake on; brgemm with AVX512-VNNI under MM3_I8_GEMM=onednn) with the scales applied here in a
+// pass over its output. On Zen 5 capped to an AVX-VNNI core (ONEDNN_MAX_CPU_ISA=AVX2_VNNI,
+// MM3_ISA=avx2, an -march=alderlake build) the batch-1 DiT forward ran 7.5-8.9 s in int8 against
+// 21.8 s in fp32 on oneDNN's JIT sgemm (24.9 s on gemm_nt's panels; twenty-first session).
 //
 // Why: on 2 Zen 5 cores (AVX512-VNNI, no AMX) oneDNN's int8 brgemm runs the DiT's shapes (M = 1380)
 // at 1.49-1.59 TOP/s against 0.68-0.76 TFLOP/s for bf16 and ~0.37 for fp32 (standalone, medians of 7,
@@ -31,8 +33,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string_view>
 #include <vector>
 
 #include "core/aligned.h"
@@ -46,12 +50,15 @@ namespace mm3::kern {
 namespace {
 
 struct I8Form {
-  std::shared_ptr<const void> dnnl;  // the packed s8 weights (gemm_dnnl.cpp)
+  std::shared_ptr<const void> dnnl;  // the packed s8 weights (gemm_dnnl.cpp), or
+  aligned_vector<int8_t> panels;     // ours (own: vnni_gemm below)
+  bool own = false;
   std::vector<float> sw;             // [N] weight scales
   std::vector<int32_t> comp;         // [N] 128 · Σ_k qw[n, k]: the u8 offset's share of acc
   int64_t N = 0, K = 0;
   bool two_level = false;  // x quantized on two levels (q1, q2)
   bool rotate = false;     // rows taken through rotate_row before quantizing
+  bool glu_pairs = false;  // panels pair column j with j + N/2 (I8Options::glu_pairs; own panels only)
 };
 
 #if !defined(__AVX512F__)
@@ -282,17 +289,226 @@ void dequant_row2(const int32_t* acc1, const int32_t* acc2, const int32_t* comp,
   }
 }
 
+// ---- Our own integer GEMM (AVX512-VNNI), its epilogue in registers ----------------------------------
+// Where the CPU has AVX512-VNNI (and MM3_ISA allows AVX-512) the form holds the weights in panels of
+// kPanel = 64 output columns, [K4 = ceil(K / 4)][64 columns][4 bytes of k] each (K padded with zero
+// weights), and `vnni_gemm` runs tiles of up to 6 rows x 64 columns: per 4 k, four 64-byte loads of the
+// panel, a dword broadcast of each row's 4 bytes of x, 24 VPDPBUSDs into 24 int32 accumulators, so the
+// integer sums are exact as oneDNN's. The sums then leave through the tile's epilogue while in
+// registers: dequantized as dequant_row does it, lane for lane the same operations (so the same bits),
+// straight into y, or (two-level forms) stored as int32 for dequant_row2. That removes the int32
+// round trip through memory and the separate pass oneDNN's s32 output needed (on 2 Zen 5 cores, the
+// DiT's ff_in at M = 1380: oneDNN 57-62 ms plus 3-7 ms of dequantizing, this 58.7-61 ms with it).
+// Blocking: threads take panels (each streams its own weights); per block of kMC rows of x and kKC
+// bytes of k the panel's slice (kKC x 64 bytes) stays in L1 across the block's tiles, and the partial
+// sums of a block wider than kKC wait in a per-thread buffer. MM3_I8_GEMM=onednn forces oneDNN's
+// GEMM (with the pass) where both exist, for comparisons.
+constexpr int64_t kPanel = 64;
+constexpr int kTileRows = 6;
+constexpr int64_t kMC = 384, kKC = 512;  // rows of x and bytes of k a block (kKC a multiple of 4)
+
+// Read at each packing (not cached), so one process can hold both forms for a comparison.
+// Needs a build with AVX-512 code (vnni_gemm; a build for an AVX2 target has only oneDNN's).
+bool own_i8_gemm() {
+#if defined(__AVX512F__)
+  const char* e = std::getenv("MM3_I8_GEMM");
+  return detail::cpu_has_avx512vnni() && !(e && std::string_view(e) == "onednn");
+#else
+  return false;
+#endif
+}
+
+// Where a tile's sums go.
+struct I8Epilogue {
+  int32_t* acc = nullptr;  // int32 out (row stride ldacc), when y is null
+  int64_t ldacc = 0;
+  float* y = nullptr;  // else: y = store(fma(float(sum − comp), sx·sw, bias)) (+ y's value, accumulate)
+  int64_t ldy = 0;
+  const int32_t* comp = nullptr;
+  const float* sw = nullptr;
+  const float* sx = nullptr;  // [M] row scales
+  const float* bias = nullptr;
+  DType store = DType::F32;
+  bool accumulate = false;
+  int64_t N = 0;
+  bool glu_pairs = false;  // panel p: columns [32p, 32p + 32) and [N/2 + 32p, ..) (else [64p, 64p + 64))
+  float* act = nullptr;    // the GLU's rows (stride ldact): silu_mul(g, a) of a panel's pairs, in place of y
+  int64_t ldact = 0;
+};
+
+// The first output column of a panel's 16-column vector j.
+inline int64_t panel_col(bool glu_pairs, int64_t N, int64_t p, int j) {
+  return glu_pairs ? (j < 2 ? 32 * p + 16 * j : N / 2 + 32 * p + 16 * (j - 2)) : kPanel * p + 16 * j;
+}
+
+// Panels of the s8 weights q [N, K] (zero weights past N and K).
+// (glu_pairs: panel p's slots hold the rows panel_col says; N a multiple of 64.)
+aligned_vector<int8_t> pack_i8_panels(const ThreadPool& pool, const int8_t* q, int64_t N, int64_t K, bool glu_pairs) {
+  const int64_t K4 = (K + 3) / 4, P = (N + kPanel - 1) / kPanel;
+  aligned_vector<int8_t> out(static_cast<size_t>(P * K4 * kPanel * 4));
+  pool.parallel_for(P, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const int8_t* rows[kPanel];  // the weight row of each slot, null past N
+      for (int64_t c = 0; c < kPanel; ++c) {
+        const int64_t n = panel_col(glu_pairs, N, p, static_cast<int>(c / 16)) + c % 16;
+        rows[c] = n < N ? q + n * K : nullptr;
+      }
+      // 4 k of every slot in turn: the panel is written front to back
+      int8_t* dst = out.data() + p * K4 * kPanel * 4;
+      for (int64_t t = 0; t < K4; ++t)
+        for (int64_t c = 0; c < kPanel; ++c, dst += 4) {
+          std::memset(dst, 0, 4);
+          if (rows[c]) std::memcpy(dst, rows[c] + 4 * t, static_cast<size_t>(std::min<int64_t>(4, K - 4 * t)));
+        }
+    }
+  });
+  return out;
+}
+
+#if defined(__AVX512F__)
+inline __mmask16 tail_mask_at(int64_t n) { return n <= 0 ? __mmask16(0) : detail::tail_mask(n); }
+
+#define MM3_VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
+
+// R rows of x (u8, row stride lda) by one panel's 64 columns over T groups of 4 k (b: the panel's
+// slice). part: the partial sums of this tile (64 per row) when the block is one of several over k:
+// read unless first, written unless last; on the last block the sums leave through e for rows m0..,
+// columns n0.. (n0 + 64 may pass N: masked). The #pragma unrolls keep the 24 accumulators in
+// registers (GCC 12 spills arrays of vectors indexed in loops it keeps rolled).
+template <int R>
+MM3_VNNI_TARGET void vnni_tile(const uint8_t* x, int64_t lda, const int8_t* b, int64_t T, int32_t* part, bool first,
+                               bool last, const I8Epilogue& e, int64_t m0, int64_t p) {
+  __m512i c0[R], c1[R], c2[R], c3[R];
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i) {
+    if (first) {
+      c0[i] = c1[i] = c2[i] = c3[i] = _mm512_setzero_si512();
+    } else {
+      c0[i] = _mm512_load_si512(part + i * kPanel);
+      c1[i] = _mm512_load_si512(part + i * kPanel + 16);
+      c2[i] = _mm512_load_si512(part + i * kPanel + 32);
+      c3[i] = _mm512_load_si512(part + i * kPanel + 48);
+    }
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    const int8_t* bt = b + t * kPanel * 4;
+    const __m512i b0 = _mm512_load_si512(bt), b1 = _mm512_load_si512(bt + 64), b2 = _mm512_load_si512(bt + 128),
+                  b3 = _mm512_load_si512(bt + 192);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      int32_t xv;
+      std::memcpy(&xv, x + i * lda + 4 * t, 4);
+      const __m512i a = _mm512_set1_epi32(xv);
+      c0[i] = _mm512_dpbusd_epi32(c0[i], a, b0);
+      c1[i] = _mm512_dpbusd_epi32(c1[i], a, b1);
+      c2[i] = _mm512_dpbusd_epi32(c2[i], a, b2);
+      c3[i] = _mm512_dpbusd_epi32(c3[i], a, b3);
+    }
+  }
+  if (!last) {
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      _mm512_store_si512(part + i * kPanel, c0[i]);
+      _mm512_store_si512(part + i * kPanel + 16, c1[i]);
+      _mm512_store_si512(part + i * kPanel + 32, c2[i]);
+      _mm512_store_si512(part + i * kPanel + 48, c3[i]);
+    }
+    return;
+  }
+  int64_t col[4];
+  __mmask16 mk[4];
+  for (int j = 0; j < 4; ++j) {
+    col[j] = panel_col(e.glu_pairs, e.N, p, j);
+    mk[j] = tail_mask_at(e.N - col[j]);
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i) {
+    const __m512i cs[4] = {c0[i], c1[i], c2[i], c3[i]};
+    if (!e.y && !e.act) {
+      int32_t* out = e.acc + (m0 + i) * e.ldacc;
+      for (int j = 0; j < 4; ++j) _mm512_mask_storeu_epi32(out + col[j], mk[j], cs[j]);
+      continue;
+    }
+    // dequant_row's loop, lane for lane
+    const __m512 vsx = _mm512_set1_ps(e.sx[m0 + i]);
+    __m512 v[4];
+    for (int j = 0; j < 4; ++j) {
+      if (!mk[j]) break;
+      const int64_t n = col[j];
+      const __m512 d = _mm512_cvtepi32_ps(_mm512_sub_epi32(cs[j], _mm512_maskz_loadu_epi32(mk[j], e.comp + n)));
+      const __m512 s = _mm512_mul_ps(vsx, _mm512_maskz_loadu_ps(mk[j], e.sw + n));
+      const __m512 bv = e.bias ? _mm512_maskz_loadu_ps(mk[j], e.bias + n) : _mm512_setzero_ps();
+      __m512 r = detail::round_store_v(_mm512_fmadd_ps(d, s, bv), e.store);
+      if (e.act) {
+        v[j] = r;
+        continue;
+      }
+      float* yr = e.y + (m0 + i) * e.ldy + n;
+      if (e.accumulate) r = detail::round_store_v(_mm512_add_ps(_mm512_maskz_loadu_ps(mk[j], yr), r), e.store);
+      _mm512_mask_storeu_ps(yr, mk[j], r);
+    }
+    // the GLU of the pairs (glu_pairs: v[0..1] the values a, v[2..3] their gates g), silu_mul's lanes
+    if (e.act) {
+      float* ar = e.act + (m0 + i) * e.ldact + 32 * p;
+      _mm512_storeu_ps(ar, detail::silu_mul_v(/*gate=*/v[2], /*up=*/v[0], e.store));
+      _mm512_storeu_ps(ar + 16, detail::silu_mul_v(/*gate=*/v[3], /*up=*/v[1], e.store));
+    }
+  }
+}
+
+using VnniTileFn = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, int32_t*, bool, bool, const I8Epilogue&,
+                            int64_t, int64_t);
+constexpr VnniTileFn kVnniTiles[kTileRows + 1] = {nullptr,      vnni_tile<1>, vnni_tile<2>, vnni_tile<3>,
+                                                  vnni_tile<4>, vnni_tile<5>, vnni_tile<6>};
+
+// x [M, K] u8 (row stride lda; up to 3 bytes past a row's K are read, and multiply zero weights) times
+// the panels, through e. Threads take whole panels; every sum and epilogue is per (m, n): the bits do
+// not depend on the thread count.
+void vnni_gemm(const ThreadPool& pool, const uint8_t* x, int64_t M, int64_t lda, const int8_t* panels, int64_t N,
+               int64_t K, const I8Epilogue& e) {
+  const int64_t K4 = (K + 3) / 4, P = (N + kPanel - 1) / kPanel, TB = kKC / 4;
+  pool.parallel_for(P, [&](int64_t p0, int64_t p1) {
+    thread_local aligned_vector<int32_t> part;
+    if (K4 > TB && part.size() < static_cast<size_t>(kMC * kPanel)) part.resize(static_cast<size_t>(kMC * kPanel));
+    for (int64_t mb = 0; mb < M; mb += kMC) {
+      const int64_t me = std::min(M, mb + kMC);
+      for (int64_t p = p0; p < p1; ++p)
+        for (int64_t t0 = 0; t0 < K4; t0 += TB) {
+          const int64_t T = std::min(TB, K4 - t0);
+          const bool first = t0 == 0, last = t0 + T == K4;
+          const int8_t* b = panels + (p * K4 + t0) * kPanel * 4;
+          for (int64_t m = mb; m < me; m += kTileRows) {
+            const int r = static_cast<int>(std::min<int64_t>(kTileRows, me - m));
+            kVnniTiles[r](x + m * lda + 4 * t0, lda, b, T, part.data() + (m - mb) * kPanel, first, last, e, m, p);
+          }
+        }
+    }
+  });
+}
+#else
+void vnni_gemm(const ThreadPool&, const uint8_t*, int64_t, int64_t, const int8_t*, int64_t, int64_t,
+               const I8Epilogue&) {
+  throw InternalError("gemm_i8: the VNNI GEMM needs an AVX-512 build");
+}
+#endif
+
 // The scratch of one i8 GEMM, kept per calling thread (a fresh one per call would fault its pages in
 // again; the workers get its addresses): x's levels (rows M.. the second levels of a two-level form),
 // the int32 sums, x's row scales.
 struct I8Scratch {
   aligned_vector<uint8_t> xq;
-  aligned_vector<int32_t> acc;
+  aligned_vector<int32_t> acc;  // the int32 sums where they go to memory (oneDNN's; two-level forms)
+  aligned_vector<float> yf;     // [M, N] floats for a row pass after the GEMM (glu_rows)
   std::vector<float> sx;
-  void reserve(const I8Form& f, int64_t M) {
+  static bool fused(const I8Form& f) { return f.own && !f.two_level; }
+  void reserve(const I8Form& f, int64_t M, bool rows_after = false) {
     const int64_t rows = f.two_level ? 2 * M : M;
-    if (xq.size() < static_cast<size_t>(rows * f.K)) xq.resize(static_cast<size_t>(rows * f.K));
-    if (acc.size() < static_cast<size_t>(rows * f.N)) acc.resize(static_cast<size_t>(rows * f.N));
+    // + 64: the VNNI tiles read a row's k in groups of 4 bytes, up to 3 past the last row
+    if (xq.size() < static_cast<size_t>(rows * f.K + 64)) xq.resize(static_cast<size_t>(rows * f.K + 64));
+    if (!fused(f) && acc.size() < static_cast<size_t>(rows * f.N)) acc.resize(static_cast<size_t>(rows * f.N));
+    // the GLU's floats between the GEMM and a row pass: [M, N / 2] where the epilogue takes the GLU
+    const int64_t yn = f.glu_pairs ? f.N / 2 : f.N;
+    if (fused(f) && rows_after && yf.size() < static_cast<size_t>(M * yn)) yf.resize(static_cast<size_t>(M * yn));
     if (sx.size() < static_cast<size_t>(M)) sx.resize(static_cast<size_t>(M));
   }
   // Row m of x (K values) on f's levels (rotated first where f is).
@@ -308,10 +524,73 @@ struct I8Scratch {
     sx[static_cast<size_t>(m)] = quantize_row(xr, f.K, q1, 128, &inv);
     if (f.two_level) quantize_row_level2(xr, f.K, q1, inv, inv != 0.0f, xq.data() + (M + m) * f.K);
   }
-  void gemm(const ThreadPool& pool, const I8Form& f, int64_t M) {
-    detail::dnnl_matmul_i8(pool, xq.data(), f.two_level ? 2 * M : M, f.K, f.dnnl.get(), acc.data());
+  // y = the dequantized product (accumulate: added to y's values), bitwise dequant_row / dequant_row2.
+  void gemm(const ThreadPool& pool, const I8Form& f, int64_t M, const float* bias, float* y, int64_t ldy, DType store,
+            bool accumulate) {
+    const int64_t rows = f.two_level ? 2 * M : M;
+    I8Epilogue e;
+    e.N = f.N, e.glu_pairs = f.glu_pairs;
+    if (fused(f)) {
+      e.y = y, e.ldy = ldy, e.comp = f.comp.data(), e.sw = f.sw.data(), e.sx = sx.data(), e.bias = bias;
+      e.store = store, e.accumulate = accumulate;
+      vnni_gemm(pool, xq.data(), rows, f.K, f.panels.data(), f.N, f.K, e);
+      return;
+    }
+    if (f.own) {
+      e.acc = acc.data(), e.ldacc = f.N;
+      vnni_gemm(pool, xq.data(), rows, f.K, f.panels.data(), f.N, f.K, e);
+    } else {
+      detail::dnnl_matmul_i8(pool, xq.data(), rows, f.K, f.dnnl.get(), acc.data());
+    }
+    pool.parallel_for(M, [&](int64_t b, int64_t end) {
+      for (int64_t m = b; m < end; ++m) dequantize(f, M, m, bias, y + m * ldy, store, accumulate);
+    });
   }
-  // Output row m (N values) into y (accumulate: added to y's values).
+  // The GLU: act row m = silu_mul(gate = row m of the product's second half, up = its first half),
+  // bitwise. Into out (row stride ldout) when given, else each row handed to rows(m, act row) while
+  // in cache (a pass over the rows follows the GEMM either way where out is null).
+  template <typename Rows>
+  void glu(const ThreadPool& pool, const I8Form& f, int64_t M, const float* bias, DType store, float* out,
+           int64_t ldout, Rows rows) {
+    const int64_t N = f.N, F = N / 2;
+    if (fused(f) && f.glu_pairs) {  // the GLU in the tiles' epilogue
+      I8Epilogue e;
+      e.N = N, e.glu_pairs = true, e.comp = f.comp.data(), e.sw = f.sw.data(), e.sx = sx.data(), e.bias = bias;
+      e.store = store, e.act = out ? out : yf.data(), e.ldact = out ? ldout : F;
+      vnni_gemm(pool, xq.data(), M, f.K, f.panels.data(), N, f.K, e);
+      if (out) return;
+      pool.parallel_for(M, [&](int64_t b, int64_t end) {
+        for (int64_t m = b; m < end; ++m) rows(m, yf.data() + m * F);
+      });
+      return;
+    }
+    if (fused(f))
+      gemm(pool, f, M, bias, yf.data(), N, store, false);
+    else if (f.own)
+      gemm_sums(pool, f, M);
+    else
+      detail::dnnl_matmul_i8(pool, xq.data(), f.two_level ? 2 * M : M, f.K, f.dnnl.get(), acc.data());
+    pool.parallel_for(M, [&](int64_t b, int64_t e) {
+      thread_local aligned_vector<float> rowbuf;
+      if (rowbuf.size() < static_cast<size_t>(N + F)) rowbuf.resize(static_cast<size_t>(N + F));
+      for (int64_t m = b; m < e; ++m) {
+        const float* yr = rowbuf.data();
+        if (fused(f))
+          yr = yf.data() + m * N;
+        else
+          dequantize(f, M, m, bias, rowbuf.data(), store, false);
+        float* const act = out ? out + m * ldout : rowbuf.data() + N;
+        silu_mul(/*gate=*/yr + F, /*up=*/yr, act, F, store);
+        if (!out) rows(m, act);
+      }
+    });
+  }
+  void gemm_sums(const ThreadPool& pool, const I8Form& f, int64_t M) {
+    I8Epilogue e;
+    e.N = f.N, e.glu_pairs = f.glu_pairs, e.acc = acc.data(), e.ldacc = f.N;
+    vnni_gemm(pool, xq.data(), f.two_level ? 2 * M : M, f.K, f.panels.data(), f.N, f.K, e);
+  }
+  // Output row m (N values) into y from the int32 sums (accumulate: added to y's values).
   void dequantize(const I8Form& f, int64_t M, int64_t m, const float* bias, float* y, DType store,
                   bool accumulate) const {
     const float s = sx[static_cast<size_t>(m)];
@@ -324,6 +603,8 @@ struct I8Scratch {
 };
 
 }  // namespace
+
+bool i8_gemm_own() { return own_i8_gemm(); }
 
 LinearWeight gemm_only_i8(const LinearWeight& w, const ThreadPool& pool, I8Options opt) {
   MM3_CHECK(!w.quantized() && !w.gemm_form() && w.weight().ndim() == 2,
@@ -364,10 +645,17 @@ LinearWeight gemm_only_i8(const LinearWeight& w, const ThreadPool& pool, I8Optio
     throw BadModel(
         fmt::format("gemm_only_i8: weight row {} of [{}, {}] holds a non-finite value", bad_row.load(), N, K));
   size_t bytes = 0;
-  f->dnnl = detail::dnnl_pack_i8(q.data(), N, K, bytes);
-  if (!f->dnnl) return LinearWeight();  // no int8 brgemm here: the caller keeps its own form
+  if (own_i8_gemm()) {
+    f->glu_pairs = opt.glu_pairs && N % (2 * kPanel) == 0;
+    f->panels = pack_i8_panels(pool, q.data(), N, K, f->glu_pairs);
+    f->own = true;
+    bytes = f->panels.size();
+  } else {
+    f->dnnl = detail::dnnl_pack_i8(q.data(), N, K, bytes);
+    if (!f->dnnl) return LinearWeight();  // no exact int8 GEMM here: the caller keeps its own form
+  }
   bytes += static_cast<size_t>(N) * (sizeof(float) + sizeof(int32_t));
-  return LinearWeight(N, K, std::move(f), bytes, w.has_bias() ? w.bias() : Tensor(), GemmKind::I8Dnnl);
+  return LinearWeight(N, K, std::move(f), bytes, w.has_bias() ? w.bias() : Tensor(), GemmKind::I8);
 }
 
 namespace detail {
@@ -375,61 +663,39 @@ namespace detail {
 void i8_linear(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const LinearWeight& w, float* y,
                int64_t ldy, DType store, I8Sink sink) {
   const auto& f = *static_cast<const I8Form*>(w.gemm_form());
+  const bool glu = sink == I8Sink::Glu;
   thread_local I8Scratch sc;
-  sc.reserve(f, M);
+  sc.reserve(f, M, glu);
   I8Scratch* const scp = &sc;
   pool.parallel_for(M, [&](int64_t b, int64_t e) {
     for (int64_t m = b; m < e; ++m) scp->quantize(f, M, m, x + m * ldx);
   });
-  sc.gemm(pool, f, M);
   const float* bias = w.bias_f32();
-  const int64_t N = f.N;
-  pool.parallel_for(M, [&](int64_t b, int64_t e) {
-    // glu: each row's output lands in this worker's row buffer (in cache) and leaves as the GLU's
-    thread_local aligned_vector<float> rowbuf;
-    const bool glu = sink == I8Sink::Glu;
-    if (glu && rowbuf.size() < static_cast<size_t>(N)) rowbuf.resize(static_cast<size_t>(N));
-    for (int64_t m = b; m < e; ++m) {
-      float* const yr = glu ? rowbuf.data() : y + m * ldy;
-      scp->dequantize(f, M, m, bias, yr, store, sink == I8Sink::Add);
-      if (glu) silu_mul(/*gate=*/yr + N / 2, /*up=*/yr, y + m * ldy, N / 2, store);
-    }
-  });
+  if (!glu) {
+    sc.gemm(pool, f, M, bias, y, ldy, store, sink == I8Sink::Add);
+    return;
+  }
+  // each row's output leaves as the GLU's
+  sc.glu(pool, f, M, bias, store, y, ldy, [](int64_t, const float*) {});
 }
 
 void i8_ff_glu_add(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const LinearWeight& w_in,
                    const LinearWeight& w_out, float* y, int64_t ldy, DType store) {
   const auto& fi = *static_cast<const I8Form*>(w_in.gemm_form());
   const auto& fo = *static_cast<const I8Form*>(w_out.gemm_form());
-  const int64_t F = fi.N / 2;
   thread_local I8Scratch s_in, s_out;
-  s_in.reserve(fi, M);
+  s_in.reserve(fi, M, /*rows_after=*/true);
   s_out.reserve(fo, M);
   I8Scratch* const a = &s_in;
   I8Scratch* const o = &s_out;
   pool.parallel_for(M, [&](int64_t b, int64_t e) {
     for (int64_t m = b; m < e; ++m) a->quantize(fi, M, m, x + m * ldx);
   });
-  a->gemm(pool, fi, M);
   // Each row of w_in's output through the GLU and onto w_out's levels while it is in cache: the
   // [M, F] activations never go to memory as floats.
-  const float* bias_in = w_in.bias_f32();
-  pool.parallel_for(M, [&](int64_t b, int64_t e) {
-    thread_local aligned_vector<float> rowbuf;
-    if (rowbuf.size() < static_cast<size_t>(3 * F)) rowbuf.resize(static_cast<size_t>(3 * F));
-    float* const yr = rowbuf.data();
-    float* const act = yr + 2 * F;
-    for (int64_t m = b; m < e; ++m) {
-      a->dequantize(fi, M, m, bias_in, yr, store, false);
-      silu_mul(/*gate=*/yr + F, /*up=*/yr, act, F, store);
-      o->quantize(fo, M, m, act);
-    }
-  });
-  o->gemm(pool, fo, M);
-  const float* bias_out = w_out.bias_f32();
-  pool.parallel_for(M, [&](int64_t b, int64_t e) {
-    for (int64_t m = b; m < e; ++m) o->dequantize(fo, M, m, bias_out, y + m * ldy, store, true);
-  });
+  a->glu(pool, fi, M, w_in.bias_f32(), store, nullptr, 0,
+         [&](int64_t m, const float* act) { o->quantize(fo, M, m, act); });
+  o->gemm(pool, fo, M, w_out.bias_f32(), y, ldy, store, /*accumulate=*/true);
 }
 
 }  // namespace detail

@@ -91,6 +91,10 @@ bool cpu_has_amx_bf16() {
       isa_cap() >= IsaCap::Amx && __builtin_cpu_supports("amx-bf16") && __builtin_cpu_supports("amx-tile");
   return v;
 }
+bool cpu_has_avx512vnni() {
+  static const bool v = cpu_has_avx512() && __builtin_cpu_supports("avx512vnni");
+  return v;
+}
 bool cpu_has_avx2_fma() {
   static const bool v = isa_cap() >= IsaCap::Avx2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return v;
@@ -469,7 +473,7 @@ void linear(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, cons
     detail::dnnl_linear_bf16(pool, x, M, ldx, w.gemm_form(), w.bias_f32(), y, ldy);
     return;
   }
-  if (w.gemm_kind() == GemmKind::I8Dnnl) {  // gemm_only_i8: W8A8 through oneDNN's int8 brgemm (gemm_i8.cpp)
+  if (w.gemm_kind() == GemmKind::I8) {  // gemm_only_i8: W8A8 (gemm_i8.cpp)
     detail::i8_linear(pool, x, M, ldx, w, y, ldy, store);
     return;
   }
@@ -509,7 +513,7 @@ void linear_glu(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, 
   MM3_CHECK(M >= 0 && ldx >= K && ldact >= F, "linear_glu: M={} ldx={} ldact={} for weight [{}, {}]", M, ldx, ldact, N,
             K);
   if (M == 0) return;
-  if (w.gemm_kind() == GemmKind::I8Dnnl) {
+  if (w.gemm_kind() == GemmKind::I8) {
     detail::i8_linear(pool, x, M, ldx, w, act, ldact, store, detail::I8Sink::Glu);
     return;
   }
@@ -528,7 +532,7 @@ void linear_add(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, 
   MM3_CHECK(N > 0 && K > 0, "linear_add: empty weight [{}, {}]", N, K);
   MM3_CHECK(M >= 0 && ldx >= K && ldy >= N, "linear_add: M={} ldx={} ldy={} for weight [{}, {}]", M, ldx, ldy, N, K);
   if (M == 0) return;
-  if (w.gemm_kind() == GemmKind::I8Dnnl) {
+  if (w.gemm_kind() == GemmKind::I8) {
     detail::i8_linear(pool, x, M, ldx, w, y, ldy, store, detail::I8Sink::Add);
     return;
   }
@@ -550,7 +554,7 @@ void ff_glu_add(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, 
   MM3_CHECK(M >= 0 && ldx >= K && ldy >= D, "ff_glu_add: M={} ldx={} ldy={} for weights [{}, {}], [{}, {}]", M, ldx,
             ldy, 2 * F, K, D, F);
   if (M == 0) return;
-  if (w_in.gemm_kind() == GemmKind::I8Dnnl && w_out.gemm_kind() == GemmKind::I8Dnnl) {
+  if (w_in.gemm_kind() == GemmKind::I8 && w_out.gemm_kind() == GemmKind::I8) {
     detail::i8_ff_glu_add(pool, x, M, ldx, w_in, w_out, y, ldy, store);
     return;
   }

@@ -672,10 +672,7 @@ GemvFn pick_vnni(int64_t M) {
   }
 }
 
-bool cpu_has_vnni() {
-  static const bool v = cpu_has_avx512() && __builtin_cpu_supports("avx512vnni");
-  return v;
-}
+bool cpu_has_vnni() { return cpu_has_avx512vnni(); }
 
 // ---- AVX2 path (CPUs without AVX512-VNNI: Zen 2/3, Haswell..Comet Lake) ----
 // AVX2 has no exact u8 x s8 dot: VPMADDUBSW adds two u8 x s8 products into a *saturating* int16, and

@@ -31,7 +31,8 @@ bool cpu_has_avx512bf16();
 bool cpu_has_avx512();
 bool cpu_has_avx2_fma();
 bool cpu_has_amx_bf16();  // AMX-BF16 tiles (oneDNN's brgemm then runs bf16 GEMMs on them)
-// All four honour MM3_ISA (a cap, see linear.cpp). isa_name(): the best level they allow.
+bool cpu_has_avx512vnni();  // AVX-512 and its VPDPBUSD (the int8 decode GEMV, gemm_i8.cpp's GEMM)
+// All five honour MM3_ISA (a cap, see linear.cpp). isa_name(): the best level they allow.
 const char* isa_name();
 // The L1 data cache of a core in bytes (sysconf; 32 KiB when the system does not say).
 int64_t cpu_l1d_bytes();
@@ -86,6 +87,17 @@ inline __m512 exp_v(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
   return _mm512_scalef_ps(p, n);
+}
+// silu of 16 lanes: x / (1 + exp(-x)), ATen's CPU formula, with exp_v (~1 ulp, as std::exp and ATen's
+// vector exp are); the add and the divide are IEEE. elementwise.cpp's silu / silu_mul and the int8
+// GEMM's GLU epilogue (gemm_i8.cpp) share it, so they give the same bits.
+inline __m512 silu_v(__m512 x) {
+  const __m512 e = exp_v(_mm512_sub_ps(_mm512_setzero_ps(), x));
+  return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+}
+// silu_mul's lanes (kernels.h): store(store(silu(g)) * a).
+inline __m512 silu_mul_v(__m512 g, __m512 a, DType store) {
+  return round_store_v(_mm512_mul_ps(round_store_v(silu_v(g), store), a), store);
 }
 #endif
 
