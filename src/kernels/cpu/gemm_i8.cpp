@@ -51,7 +51,8 @@ namespace {
 
 struct I8Form {
   std::shared_ptr<const void> dnnl;  // the packed s8 weights (gemm_dnnl.cpp), or
-  aligned_vector<int8_t> panels;     // ours (own: vnni_gemm below)
+  aligned_buffer<int8_t> panels;     // ours (own: vnni_gemm below), panel_bytes of them
+  size_t panel_bytes = 0;
   bool own = false;
   std::vector<float> sw;             // [N] weight scales
   std::vector<int32_t> comp;         // [N] 128 · Σ_k qw[n, k]: the u8 offset's share of acc
@@ -343,9 +344,12 @@ inline int64_t panel_col(bool glu_pairs, int64_t N, int64_t p, int j) {
 
 // Panels of the s8 weights q [N, K] (zero weights past N and K).
 // (glu_pairs: panel p's slots hold the rows panel_col says; N a multiple of 64.)
-aligned_vector<int8_t> pack_i8_panels(const ThreadPool& pool, const int8_t* q, int64_t N, int64_t K, bool glu_pairs) {
+// (Every byte is written: no zeroing first.)
+aligned_buffer<int8_t> pack_i8_panels(const ThreadPool& pool, const int8_t* q, int64_t N, int64_t K, bool glu_pairs,
+                                      size_t& bytes) {
   const int64_t K4 = (K + 3) / 4, P = (N + kPanel - 1) / kPanel;
-  aligned_vector<int8_t> out(static_cast<size_t>(P * K4 * kPanel * 4));
+  bytes = static_cast<size_t>(P * K4 * kPanel * 4);
+  aligned_buffer<int8_t> out = make_aligned_buffer<int8_t>(bytes);
   pool.parallel_for(P, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       const int8_t* rows[kPanel];  // the weight row of each slot, null past N
@@ -354,11 +358,15 @@ aligned_vector<int8_t> pack_i8_panels(const ThreadPool& pool, const int8_t* q, i
         rows[c] = n < N ? q + n * K : nullptr;
       }
       // 4 k of every slot in turn: the panel is written front to back
-      int8_t* dst = out.data() + p * K4 * kPanel * 4;
+      int8_t* dst = out.get() + p * K4 * kPanel * 4;
       for (int64_t t = 0; t < K4; ++t)
         for (int64_t c = 0; c < kPanel; ++c, dst += 4) {
-          std::memset(dst, 0, 4);
-          if (rows[c]) std::memcpy(dst, rows[c] + 4 * t, static_cast<size_t>(std::min<int64_t>(4, K - 4 * t)));
+          if (rows[c] && 4 * t + 4 <= K) {
+            std::memcpy(dst, rows[c] + 4 * t, 4);
+          } else {
+            std::memset(dst, 0, 4);
+            for (int64_t k = 4 * t; rows[c] && k < K; ++k) dst[k - 4 * t] = rows[c][k];
+          }
         }
     }
   });
@@ -390,6 +398,11 @@ MM3_VNNI_TARGET void vnni_tile(const uint8_t* x, int64_t lda, const int8_t* b, i
       c3[i] = _mm512_load_si512(part + i * kPanel + 48);
     }
   }
+  if (last && e.y && e.accumulate)  // the residual rows the epilogue reads: fetched while the sums run
+    for (int i = 0; i < R; ++i)
+      for (int j = 0; j < 4; ++j)
+        _mm_prefetch(reinterpret_cast<const char*>(e.y + (m0 + i) * e.ldy + panel_col(e.glu_pairs, e.N, p, j)),
+                     _MM_HINT_T0);
   for (int64_t t = 0; t < T; ++t) {
     const int8_t* bt = b + t * kPanel * 4;
     const __m512i b0 = _mm512_load_si512(bt), b1 = _mm512_load_si512(bt + 64), b2 = _mm512_load_si512(bt + 128),
@@ -533,12 +546,12 @@ struct I8Scratch {
     if (fused(f)) {
       e.y = y, e.ldy = ldy, e.comp = f.comp.data(), e.sw = f.sw.data(), e.sx = sx.data(), e.bias = bias;
       e.store = store, e.accumulate = accumulate;
-      vnni_gemm(pool, xq.data(), rows, f.K, f.panels.data(), f.N, f.K, e);
+      vnni_gemm(pool, xq.data(), rows, f.K, f.panels.get(), f.N, f.K, e);
       return;
     }
     if (f.own) {
       e.acc = acc.data(), e.ldacc = f.N;
-      vnni_gemm(pool, xq.data(), rows, f.K, f.panels.data(), f.N, f.K, e);
+      vnni_gemm(pool, xq.data(), rows, f.K, f.panels.get(), f.N, f.K, e);
     } else {
       detail::dnnl_matmul_i8(pool, xq.data(), rows, f.K, f.dnnl.get(), acc.data());
     }
@@ -557,7 +570,7 @@ struct I8Scratch {
       I8Epilogue e;
       e.N = N, e.glu_pairs = true, e.comp = f.comp.data(), e.sw = f.sw.data(), e.sx = sx.data(), e.bias = bias;
       e.store = store, e.act = out ? out : yf.data(), e.ldact = out ? ldout : F;
-      vnni_gemm(pool, xq.data(), M, f.K, f.panels.data(), N, f.K, e);
+      vnni_gemm(pool, xq.data(), M, f.K, f.panels.get(), N, f.K, e);
       if (out) return;
       pool.parallel_for(M, [&](int64_t b, int64_t end) {
         for (int64_t m = b; m < end; ++m) rows(m, yf.data() + m * F);
@@ -588,7 +601,7 @@ struct I8Scratch {
   void gemm_sums(const ThreadPool& pool, const I8Form& f, int64_t M) {
     I8Epilogue e;
     e.N = f.N, e.glu_pairs = f.glu_pairs, e.acc = acc.data(), e.ldacc = f.N;
-    vnni_gemm(pool, xq.data(), f.two_level ? 2 * M : M, f.K, f.panels.data(), f.N, f.K, e);
+    vnni_gemm(pool, xq.data(), f.two_level ? 2 * M : M, f.K, f.panels.get(), f.N, f.K, e);
   }
   // Output row m (N values) into y from the int32 sums (accumulate: added to y's values).
   void dequantize(const I8Form& f, int64_t M, int64_t m, const float* bias, float* y, DType store,
@@ -622,12 +635,12 @@ LinearWeight gemm_only_i8(const LinearWeight& w, const ThreadPool& pool, I8Optio
   const float unscale = f->rotate ? 1.0f / static_cast<float>(K) : 1.0f;
   f->sw.resize(static_cast<size_t>(N));
   f->comp.resize(static_cast<size_t>(N));
-  aligned_vector<int8_t> q(static_cast<size_t>(N * K));
+  const aligned_buffer<int8_t> q = make_aligned_buffer<int8_t>(static_cast<size_t>(N * K));  // all written below
   std::atomic<int64_t> bad_row{-1};
   pool.parallel_for(N, [&](int64_t b, int64_t e) {
     aligned_vector<float> rot(f->rotate ? static_cast<size_t>(K) : 0);
     for (int64_t n = b; n < e; ++n) {
-      uint8_t* qn = reinterpret_cast<uint8_t*>(q.data() + n * K);
+      uint8_t* qn = reinterpret_cast<uint8_t*>(q.get() + n * K);
       const float* row = wf + n * K;
       if (f->rotate) {
         rotate_row(row, rot.data(), K);
@@ -647,11 +660,11 @@ LinearWeight gemm_only_i8(const LinearWeight& w, const ThreadPool& pool, I8Optio
   size_t bytes = 0;
   if (own_i8_gemm()) {
     f->glu_pairs = opt.glu_pairs && N % (2 * kPanel) == 0;
-    f->panels = pack_i8_panels(pool, q.data(), N, K, f->glu_pairs);
+    f->panels = pack_i8_panels(pool, q.get(), N, K, f->glu_pairs, f->panel_bytes);
     f->own = true;
-    bytes = f->panels.size();
+    bytes = f->panel_bytes;
   } else {
-    f->dnnl = detail::dnnl_pack_i8(q.data(), N, K, bytes);
+    f->dnnl = detail::dnnl_pack_i8(q.get(), N, K, bytes);
     if (!f->dnnl) return LinearWeight();  // no exact int8 GEMM here: the caller keeps its own form
   }
   bytes += static_cast<size_t>(N) * (sizeof(float) + sizeof(int32_t));
