@@ -297,13 +297,16 @@ void dequant_row2(const int32_t* acc1, const int32_t* acc2, const int32_t* comp,
 // panel, a dword broadcast of each row's 4 bytes of x, 24 VPDPBUSDs into 24 int32 accumulators, so the
 // integer sums are exact as oneDNN's. The sums then leave through the tile's epilogue while in
 // registers: dequantized as dequant_row does it, lane for lane the same operations (so the same bits),
-// straight into y, or (two-level forms) stored as int32 for dequant_row2. That removes the int32
-// round trip through memory and the separate pass oneDNN's s32 output needed (on 2 Zen 5 cores, the
-// DiT's ff_in at M = 1380: oneDNN 57-62 ms plus 3-7 ms of dequantizing, this 58.7-61 ms with it).
+// straight into y (adding the residual where asked), through silu_mul's lanes for a GLU-paired form, or
+// (two-level forms) stored as int32 for dequant_row2. That removes the int32 round trip through memory
+// and the pass over it oneDNN's s32 output needs. Measured on 2 Zen 5 cores (twenty-third session,
+// docs/performance-history.md): the tiles run about as fast as oneDNN's brgemm (~1.5 TOP/s in the
+// DiT's shapes); the DiT's int8 Euler step ~4% faster (alternating binaries), 180 MB less memory.
 // Blocking: threads take panels (each streams its own weights); per block of kMC rows of x and kKC
 // bytes of k the panel's slice (kKC x 64 bytes) stays in L1 across the block's tiles, and the partial
-// sums of a block wider than kKC wait in a per-thread buffer. MM3_I8_GEMM=onednn forces oneDNN's
-// GEMM (with the pass) where both exist, for comparisons.
+// sums of a block wider than kKC wait in a per-thread buffer (loop orders, block sizes and fixed
+// chunks tried: within the noise or worse). MM3_I8_GEMM=onednn forces oneDNN's GEMM (with the pass)
+// where both exist, for comparisons.
 constexpr int64_t kPanel = 64;
 constexpr int kTileRows = 6;
 constexpr int64_t kMC = 384, kKC = 512;  // rows of x and bytes of k a block (kKC a multiple of 4)
