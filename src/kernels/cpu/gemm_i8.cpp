@@ -383,9 +383,9 @@ inline __mmask16 tail_mask_at(int64_t n) { return n <= 0 ? __mmask16(0) : detail
 
 // R rows of x (u8, row stride lda) by one panel's 64 columns over T groups of 4 k (b: the panel's
 // slice). part: the partial sums of this tile (64 per row) when the block is one of several over k:
-// read unless first, written unless last; on the last block the sums leave through e for rows m0..,
-// columns n0.. (n0 + 64 may pass N: masked). The #pragma unrolls keep the 24 accumulators in
-// registers (GCC 12 spills arrays of vectors indexed in loops it keeps rolled).
+// read unless first, written unless last; on the last block the sums leave through e for rows m0..
+// and panel p's columns (panel_col; those past N masked). The #pragma unrolls keep the 24
+// accumulators in registers (GCC 12 spills arrays of vectors indexed in loops it keeps rolled).
 template <int R>
 MM3_VNNI_TARGET void vnni_tile(const uint8_t* x, int64_t lda, const int8_t* b, int64_t T, int32_t* part, bool first,
                                bool last, const I8Epilogue& e, int64_t m0, int64_t p) {
@@ -514,7 +514,7 @@ void vnni_gemm(const ThreadPool&, const uint8_t*, int64_t, int64_t, const int8_t
 struct I8Scratch {
   aligned_vector<uint8_t> xq;
   aligned_vector<int32_t> acc;  // the int32 sums where they go to memory (oneDNN's; two-level forms)
-  aligned_vector<float> yf;     // [M, N] floats for a row pass after the GEMM (glu_rows)
+  aligned_vector<float> yf;     // floats for glu()'s row pass: [M, N / 2] (GLU-paired forms) or [M, N]
   std::vector<float> sx;
   static bool fused(const I8Form& f) { return f.own && !f.two_level; }
   void reserve(const I8Form& f, int64_t M, bool rows_after = false) {
