@@ -60,11 +60,14 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) inline void tile_s
   if (t.last) {
     if (t.bias) {
       const __m512 b0 = _mm512_maskz_loadu_ps(m0, t.bias), b1 = _mm512_maskz_loadu_ps(m1, t.bias + 16);
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) c0[r] = _mm512_add_ps(c0[r], b0), c1[r] = _mm512_add_ps(c1[r], b1);
     }
     if (t.store == DType::BF16)
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) c0[r] = round_bf16_512(c0[r]), c1[r] = round_bf16_512(c1[r]);
   }
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     _mm512_mask_storeu_ps(t.C + r * t.ldc, m0, c0[r]);
     _mm512_mask_storeu_ps(t.C + r * t.ldc + 16, m1, c1[r]);
@@ -77,11 +80,13 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) void tile_f32_avx5
                                                                                    const TileArgs& t) {
   __m512 c0[R], c1[R];
   if (t.first) {
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) c0[r] = c1[r] = _mm512_setzero_ps();
   } else {
     const int n0 = std::min(t.nr, 16), n1 = std::max(t.nr - 16, 0);
     const __mmask16 m0 = n0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n0) - 1u);
     const __mmask16 m1 = n1 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n1) - 1u);
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       c0[r] = _mm512_maskz_loadu_ps(m0, t.C + r * t.ldc);
       c1[r] = _mm512_maskz_loadu_ps(m1, t.C + r * t.ldc + 16);
@@ -89,6 +94,7 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) void tile_f32_avx5
   }
   for (int64_t k = 0; k < t.kc; ++k) {
     const __m512 b0 = _mm512_loadu_ps(Bp + k * kNR), b1 = _mm512_loadu_ps(Bp + k * kNR + 16);
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m512 a = _mm512_set1_ps(A[r * a_rs + k * a_cs]);
       c0[r] = _mm512_fmadd_ps(a, b0, c0[r]);
@@ -107,11 +113,13 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16"))) void ti
                                                                                                const TileArgs& t) {
   __m512 c0[R], c1[R];
   if (t.first) {
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) c0[r] = c1[r] = _mm512_setzero_ps();
   } else {
     const int n0 = std::min(t.nr, 16), n1 = std::max(t.nr - 16, 0);
     const __mmask16 m0 = n0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n0) - 1u);
     const __mmask16 m1 = n1 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n1) - 1u);
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       c0[r] = _mm512_maskz_loadu_ps(m0, t.C + r * t.ldc);
       c1[r] = _mm512_maskz_loadu_ps(m1, t.C + r * t.ldc + 16);
@@ -120,6 +128,7 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16"))) void ti
   const int64_t kp = (t.kc + 1) / 2;
   for (int64_t p = 0; p < kp; ++p) {
     const __m512i b0 = _mm512_loadu_si512(Bp + p * 2 * kNR), b1 = _mm512_loadu_si512(Bp + p * 2 * kNR + kNR);
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       uint32_t pair;
       std::memcpy(&pair, A16 + r * lda16 + 2 * p, 4);
