@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <tuple>
 #include <vector>
 
@@ -230,44 +231,54 @@ TEST(KernelsAttention, ThreadCountIndependent) {
 // differ by ~1e-4 relative, enough to flip some roundings over 509 keys: 8 and 160 columns). The
 // lane grouping of the sum changes it by an fp32 ulp at most, which this test cannot see (a single
 // accumulator passes); the e2e golden cases are what pin it.
+// wide: scores spread over ~136 below the maximum (0), so the exponentials reach fexp20's clamp and, at
+// x = ln(FLT_MIN) exactly, a subnormal numerator (the bf16 path's VCVTNE2PS2BF16 would flush it: its
+// fallback keeps the bits; RED with the fallback removed).
 TEST(KernelsAttention, ReferenceSoftmaxBits) {
   constexpr int D = 509;  // = Skv
-  for (int64_t Sq : {int64_t(1), int64_t(20)}) {  // direct scores / transposed-K path
-    for (DType store : {DType::F32, DType::BF16}) {
-      SCOPED_TRACE(::testing::Message() << "Sq=" << Sq << " store=" << test::store_name(store));
-      const bool bf = store == DType::BF16;
-      Rng rng(31);
-      std::vector<float> kval = rng.vec(D, -12.f, 12.f, true);
-      std::vector<float> q(static_cast<size_t>(Sq * D), 1.0f), k(D * D, 0.f), v(D * D, 0.f), out(Sq * D);
-      for (int j = 0; j < D; ++j) k[j * D + j] = kval[j], v[j * D + j] = 1.0f;
-      const float scale = 0.37f;
-      kern::attention(ThreadPool(2), q.data(), D, k.data(), v.data(), D, DType::F32, out.data(), D, Sq, D, 1, 1, D,
-                      scale, false, 0, store);
-      float mx = -INFINITY, acc[3][16] = {};
-      std::vector<float> s(D), e(D);
-      for (int j = 0; j < D; ++j) mx = std::max(mx, s[j] = kval[j] * scale);
-      constexpr int kV16 = D / 16 * 16, kV32 = D / 32 * 32;
-      for (int j = 0; j < kV16; ++j) {
-        e[j] = bf ? kern::detail::fexp20(s[j] - mx) : kern::detail::exp20(s[j] - mx);
-        acc[bf ? (j < kV32 ? (j / 16) % 2 : 2) : 0][j % 16] += e[j];
-      }
-      float lanes[16];
-      for (int l = 0; l < 16; ++l) lanes[l] = (acc[0][l] + acc[2][l]) + acc[1][l];
-      float t8[8];
-      for (int i = 0; i < 8; ++i) t8[i] = lanes[i + 8] + lanes[i];
-      for (int i = 0; i < 4; ++i) t8[i] = t8[i + 4] + t8[i];
-      float sum = (t8[0] + t8[2]) + (t8[1] + t8[3]);
-      for (int j = kV16; j < D; ++j) sum += (e[j] = std::exp(s[j] - mx));
-      const float inv = 1.0f / sum;
-      int bad = 0;
-      for (int64_t i = 0; i < Sq; ++i)
-        for (int j = 0; j < D; ++j) {
-          const float want = round_store(round_store(e[j], store) * inv, store);
-          if (f32_bits(out[i * D + j]) != f32_bits(want) && bad++ < 5)
-            ADD_FAILURE() << "row " << i << " col " << j << ": got " << out[i * D + j] << " want " << want;
+  for (int64_t Sq : {int64_t(1), int64_t(20), int64_t(64)}) {  // direct scores / transposed K / GEMM form
+    for (bool wide : {false, true})
+      for (DType store : {DType::F32, DType::BF16}) {
+        SCOPED_TRACE(::testing::Message() << "Sq=" << Sq << " wide=" << wide << " store=" << test::store_name(store));
+        const bool bf = store == DType::BF16;
+        Rng rng(31);
+        std::vector<float> kval = rng.vec(D, wide ? -200.f : -12.f, wide ? -1.f : 12.f, true);
+        // wide: the maximum 0, and -128 · scale = ln(FLT_MIN) (scale = ln(FLT_MIN) / -128, exact)
+        const float scale = wide ? kern::detail::exp20_c::bits(kern::detail::exp20_c::kLo) / -128.0f : 0.37f;
+        if (wide) {
+          kval[0] = 0.f, kval[1] = -128.f, kval[2] = -127.5f;
+          const float e1 = kern::detail::fexp20(kval[1] * scale);
+          ASSERT_TRUE(e1 > 0.f && e1 < std::numeric_limits<float>::min()) << e1;  // the case is covered
         }
-      EXPECT_EQ(bad, 0);
-    }
+        std::vector<float> q(static_cast<size_t>(Sq * D), 1.0f), k(D * D, 0.f), v(D * D, 0.f), out(Sq * D);
+        for (int j = 0; j < D; ++j) k[j * D + j] = kval[j], v[j * D + j] = 1.0f;
+        kern::attention(ThreadPool(2), q.data(), D, k.data(), v.data(), D, DType::F32, out.data(), D, Sq, D, 1, 1, D,
+                        scale, false, 0, store);
+        float mx = -INFINITY, acc[3][16] = {};
+        std::vector<float> s(D), e(D);
+        for (int j = 0; j < D; ++j) mx = std::max(mx, s[j] = kval[j] * scale);
+        constexpr int kV16 = D / 16 * 16, kV32 = D / 32 * 32;
+        for (int j = 0; j < kV16; ++j) {
+          e[j] = bf ? kern::detail::fexp20(s[j] - mx) : kern::detail::exp20(s[j] - mx);
+          acc[bf ? (j < kV32 ? (j / 16) % 2 : 2) : 0][j % 16] += e[j];
+        }
+        float lanes[16];
+        for (int l = 0; l < 16; ++l) lanes[l] = (acc[0][l] + acc[2][l]) + acc[1][l];
+        float t8[8];
+        for (int i = 0; i < 8; ++i) t8[i] = lanes[i + 8] + lanes[i];
+        for (int i = 0; i < 4; ++i) t8[i] = t8[i + 4] + t8[i];
+        float sum = (t8[0] + t8[2]) + (t8[1] + t8[3]);
+        for (int j = kV16; j < D; ++j) sum += (e[j] = std::exp(s[j] - mx));
+        const float inv = 1.0f / sum;
+        int bad = 0;
+        for (int64_t i = 0; i < Sq; ++i)
+          for (int j = 0; j < D; ++j) {
+            const float want = round_store(round_store(e[j], store) * inv, store);
+            if (f32_bits(out[i * D + j]) != f32_bits(want) && bad++ < 5)
+              ADD_FAILURE() << "row " << i << " col " << j << ": got " << out[i * D + j] << " want " << want;
+          }
+        EXPECT_EQ(bad, 0);
+      }
   }
 }
 

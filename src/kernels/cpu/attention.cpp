@@ -119,6 +119,39 @@ struct AttnItem {
   DType store;
 };
 
+// The whole 32-key steps [j, vfast) of a bf16 run's block as softmax_numerators takes them (e = fexp20 of
+// the scaled, shifted scores x; l0 / l1 the sums of the even / odd 16-key halves), the numerators stored
+// as bf16 bits in p by one VCVTNE2PS2BF16 per 32 (round to nearest even, as round_bf16_v). A shifted
+// score is at most 0, so fexp20's clamps only act below ln(FLT_MIN) ~ -87.3 (and on NaN); a step whose
+// 32 x are all >= -86 takes fexp20 without them, and its e are normal numbers (>= ~2^-124), which
+// VCVTNE2PS2BF16 rounds as round_bf16_v does (it would flush a subnormal to zero). Any other step (a
+// score ~86 below the row's maximum, or NaN) takes the full fexp20 and the rounding in integer
+// operations. The same bits either way; the common step has 31 operations instead of 50 (two fexp20
+// clamp pairs, two 7-operation roundings and a permute). Returns where it stopped. Needs AVX512-BF16
+// (callers pass p only with it).
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16"))) int64_t numerators_to_bf16(
+    const float* s, uint16_t* p, int64_t j, int64_t vfast, __m512 vsc, __m512 m, __m512& l0, __m512& l1,
+    __m512i odd16) {
+  const __m512 safe = _mm512_set1_ps(-86.0f);
+  for (; j + 32 <= vfast; j += 32) {
+    const __m512 x0 = _mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(s + j), vsc), m);
+    const __m512 x1 = _mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(s + j + 16), vsc), m);
+    __m512 e0, e1;
+    // not (x >= -86): below it, or NaN
+    if (__builtin_expect((_mm512_cmp_ps_mask(x0, safe, _CMP_NGE_UQ) | _mm512_cmp_ps_mask(x1, safe, _CMP_NGE_UQ)) != 0,
+                         0)) {
+      e0 = detail::fexp20_v(x0), e1 = detail::fexp20_v(x1);
+      _mm512_storeu_si512(p + j, _mm512_permutex2var_epi16(_mm512_castps_si512(detail::round_bf16_v(e0)), odd16,
+                                                           _mm512_castps_si512(detail::round_bf16_v(e1))));
+    } else {
+      e0 = detail::fexp20_unclamped_v(x0), e1 = detail::fexp20_unclamped_v(x1);
+      _mm512_storeu_si512(p + j, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+    }
+    l0 = _mm512_add_ps(l0, e0), l1 = _mm512_add_ps(l1, e1);
+  }
+  return j;
+}
+
 // Softmax numerators of `rows` score rows in place (row r: s + r·lds, keys [0, nk[r])), the reference's
 // way (see the header): per 512-key block b, the running max m_b, e = exp(s - m_b) (exp20 over the
 // block's 16-wide part, std::exp over its remainder), the block sum from 16 lane sums plus the
@@ -157,6 +190,7 @@ void softmax_numerators(float* S, int64_t lds, int rows, const int64_t* nk, int6
         // 64-byte store (GCC turned the 16-wide store into VPMOVDW to memory, ~1/4 of this pass).
         const int64_t vfast = std::min(vend, vend2);
         __m512 l0 = lanes[0], l1 = lanes[1];
+        if (p) j = numerators_to_bf16(s, p, j, vfast, vsc, m, l0, l1, odd16);
         for (; j + 32 <= vfast; j += 32) {
           const __m512 e0 = detail::fexp20_v(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(s + j), vsc), m));
           const __m512 e1 = detail::fexp20_v(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(s + j + 16), vsc), m));

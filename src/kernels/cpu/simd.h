@@ -168,18 +168,22 @@ inline float fexp20(float x) {
 }
 
 #if defined(__AVX512F__)
-inline __m512 fexp20_v(__m512 x) {
+// fexp20_v without its clamps: the same lanes wherever x is in [ln(FLT_MIN), ln(FLT_MAX)] (callers that
+// know that skip the two compares and blends).
+inline __m512 fexp20_unclamped_v(__m512 x) {
   using namespace fexp20_c;
-  const __mmask16 small = _mm512_cmp_ps_mask(x, _mm512_set1_ps(exp20_c::bits(exp20_c::kLo)), _CMP_LT_OS);
-  const __mmask16 large = _mm512_cmp_ps_mask(x, _mm512_set1_ps(exp20_c::bits(exp20_c::kHi)), _CMP_GT_OS);
   __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(exp20_c::bits(exp20_c::kLog2e)));
   const __m512 f = _mm512_sub_ps(y, _mm512_roundscale_ps(y, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
   __m512 p = _mm512_fmadd_ps(f, _mm512_set1_ps(kC3), _mm512_set1_ps(kC2));
   p = _mm512_fmadd_ps(f, p, _mm512_set1_ps(kC1));
   p = _mm512_fmadd_ps(f, p, _mm512_set1_ps(kC0));
   y = _mm512_sub_ps(y, p);
-  const __m512i i = _mm512_cvttps_epi32(_mm512_fmadd_ps(_mm512_set1_ps(kA), y, _mm512_set1_ps(kB)));
-  __m512 r = _mm512_mask_blend_ps(small, _mm512_castsi512_ps(i), _mm512_setzero_ps());
+  return _mm512_castsi512_ps(_mm512_cvttps_epi32(_mm512_fmadd_ps(_mm512_set1_ps(kA), y, _mm512_set1_ps(kB))));
+}
+inline __m512 fexp20_v(__m512 x) {
+  const __mmask16 small = _mm512_cmp_ps_mask(x, _mm512_set1_ps(exp20_c::bits(exp20_c::kLo)), _CMP_LT_OS);
+  const __mmask16 large = _mm512_cmp_ps_mask(x, _mm512_set1_ps(exp20_c::bits(exp20_c::kHi)), _CMP_GT_OS);
+  const __m512 r = _mm512_mask_blend_ps(small, fexp20_unclamped_v(x), _mm512_setzero_ps());
   return _mm512_mask_blend_ps(large, r, _mm512_set1_ps(INFINITY));
 }
 #endif
