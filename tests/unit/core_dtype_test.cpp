@@ -50,12 +50,37 @@ TEST(DType, Bf16ArrayConversionMatchesScalar) {
   x.push_back(f32_from_bits(0x7f800001));  // signalling NaN pattern
   for (uint32_t u = 0; x.size() < 4099; u += 0x000F1A37) x.push_back(f32_from_bits(u));
   for (size_t off : {size_t(0), size_t(3)})
-    for (size_t n : {size_t(1), size_t(15), size_t(16), size_t(17), x.size() - off}) {
+    for (size_t n : {size_t(1), size_t(15), size_t(16), size_t(17), size_t(31), size_t(32), size_t(33), size_t(64),
+                     size_t(81), x.size() - off}) {
       std::vector<uint16_t> y(n + 1, 0xABCD);
       f32_to_bf16(x.data() + off, y.data(), n);
       for (size_t i = 0; i < n; ++i) ASSERT_EQ(y[i], f32_to_bf16_bits(x[off + i])) << "n " << n << " i " << i;
       EXPECT_EQ(y[n], 0xABCD) << "wrote past n = " << n;
     }
+}
+
+// round_to_store(BF16) in place (vectorised where the CPU has AVX-512; VCVTNEPS2BF16 with AVX512-BF16,
+// which flushes subnormals and keeps NaN payloads, so those vectors take the integer recipe) gives
+// round_bf16's bits for every element, NaN as 0x7FC00000: the same sweep (subnormals, NaNs of both signs
+// and payloads, infinities, ties), tails of every length mod 16. F32 leaves the values alone. (RED: the
+// fast path without its NaN / subnormal guard.)
+TEST(DType, RoundToStoreMatchesScalar) {
+  std::vector<float> x;
+  for (const Case& c : kCases) x.push_back(f32_from_bits(c.f32));
+  for (uint32_t bits : {0x7fc00001u, 0xffc00000u, 0x7f800001u, 0x00000001u, 0x807fffffu, 0x00400000u})
+    x.push_back(f32_from_bits(bits));
+  for (uint32_t u = 0; x.size() < 4099; u += 0x000F1A37) x.push_back(f32_from_bits(u));
+  for (size_t n : {size_t(1), size_t(15), size_t(16), size_t(17), size_t(40), x.size()}) {
+    std::vector<float> y(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(n));
+    y.push_back(1.2345678f);
+    round_to_store(y.data(), n, DType::BF16);
+    for (size_t i = 0; i < n; ++i)
+      ASSERT_EQ(f32_bits(y[i]), f32_bits(round_bf16(x[i])))
+          << "n " << n << " i " << i << " x bits " << std::hex << f32_bits(x[i]);
+    EXPECT_EQ(y[n], 1.2345678f) << "wrote past n = " << n;
+    round_to_store(y.data(), n, DType::F32);
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(f32_bits(y[i]), f32_bits(round_bf16(x[i])));
+  }
 }
 
 // Tensor::to's contiguous F32 <-> BF16 fast path (the array conversions) and its element loop (taken for
