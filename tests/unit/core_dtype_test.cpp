@@ -59,11 +59,10 @@ TEST(DType, Bf16ArrayConversionMatchesScalar) {
     }
 }
 
-// round_to_store(BF16) in place (vectorised where the CPU has AVX-512; VCVTNEPS2BF16 with AVX512-BF16,
-// which flushes subnormals and keeps NaN payloads, so those vectors take the integer recipe) gives
-// round_bf16's bits for every element, NaN as 0x7FC00000: the same sweep (subnormals, NaNs of both signs
-// and payloads, infinities, ties), tails of every length mod 16. F32 leaves the values alone. (RED: the
-// fast path without its NaN / subnormal guard.)
+// round_to_store(BF16) in place (vectorised where the CPU has AVX-512) gives round_bf16's bits for every
+// element, NaN as 0x7FC00000: the same sweep (subnormals, NaNs of both signs and payloads, infinities,
+// ties), tails of several lengths mod 16. F32 leaves the values alone. (RED: the vector recipe without
+// its NaN blend; a guarded VCVTNEPS2BF16 form without its guard.)
 TEST(DType, RoundToStoreMatchesScalar) {
   std::vector<float> x;
   for (const Case& c : kCases) x.push_back(f32_from_bits(c.f32));

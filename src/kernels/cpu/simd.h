@@ -37,16 +37,10 @@ const char* isa_name();
 // The L1 data cache of a core in bytes (sysconf; 32 KiB when the system does not say).
 int64_t cpu_l1d_bytes();
 
-inline void store_rounded(float* dst, const float* src, int64_t n, DType store) {
-  if (store == DType::BF16) {
-    for (int64_t i = 0; i < n; ++i) dst[i] = round_bf16(src[i]);
-  } else if (dst != src) {
-    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
-  }
-}
-
 #if defined(__AVX512F__)
-// 16 floats rounded to bf16 values (kept as floats), identical to round_bf16 lane by lane.
+// 16 floats rounded to bf16 values (kept as floats), identical to round_bf16 lane by lane. (A VCVTNEPS2BF16
+// form, guarded against NaN and subnormal lanes, measured slower in silu_mul_bf16: 5.1 -> 5.6 us for
+// 8192 floats in L1; the 32-wide VCVTNE2PS2BF16 into bf16 bits does pay, see f32_to_bf16.)
 inline __m512 round_bf16_v(__m512 v) {
   __m512i u = _mm512_castps_si512(v);
   __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
