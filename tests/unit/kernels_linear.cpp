@@ -10,6 +10,7 @@
 
 #include "core/aligned.h"
 #include "kernels/cpu/gemm_nt.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/kernels.h"
 #include "kernels/ref/ref_kernels.h"
 #include "kernels_util.h"
@@ -516,6 +517,45 @@ TEST(KernelsPack, Bf16PanelsFromF32EqualConvertThenPack) {
                InternalError);  // r0 not a multiple of 32
   EXPECT_THROW(kern::detail::pack_bf16_panels_from_f32_part(B.data(), 64, true, 64, 64, 0, 40, out.data()),
                InternalError);  // r1 neither a multiple of 32 nor the end
+}
+
+// gemm_bf16_packed_serial (the DiT attention's bf16 products, on its 6 x 64 tiles) against gemm_ex's bf16
+// form (the 8 x 32 tiles): the same pair-dot chain for every output, so the same bits. Odd M around the
+// 6-row tile, N around the 32-column strips, strip pairs (a lone last strip) and the 128-column panels,
+// odd K and K across the 256-k blocks (partial sums reloaded), store F32 and BF16; only C's M x N entries
+// written (strided C). Skipped without AVX512-BF16. RED: the second strip's pointer one strip off; its
+// columns not masked past N (writes outside C); the last k block not flagged (BF16 rounding skipped).
+TEST(KernelsGemm, Bf16PackedSerialEqualsTheBf16GemmForm) {
+  if (!kern::detail::cpu_has_avx512bf16()) GTEST_SKIP() << "needs AVX512-BF16 (gemm_bf16_packed_serial's only form)";
+  Rng rng(17);
+  ThreadPool pool(1);
+  for (const int64_t M : {1, 5, 6, 7, 13, 128})
+    for (const int64_t N : {1, 31, 33, 64, 65, 96, 129, 690})
+      for (const int64_t K : {1, 2, 63, 64, 257, 512, 600})
+        for (const DType store : {DType::F32, DType::BF16}) {
+          SCOPED_TRACE(::testing::Message()
+                       << "M=" << M << " N=" << N << " K=" << K << " store=" << test::store_name(store));
+          const int64_t Kp = (K + 1) & ~int64_t(1), lda = Kp + 6, ldc = N + 3;
+          std::vector<float> A = rng.vec(static_cast<size_t>(M * lda), -2.f, 2.f, /*bf16=*/true);
+          std::vector<float> B = rng.vec(static_cast<size_t>(N * K), -2.f, 2.f, /*bf16=*/true);
+          std::vector<uint16_t> A16(A.size()), B16(B.size());
+          f32_to_bf16(A.data(), A16.data(), A.size());
+          f32_to_bf16(B.data(), B16.data(), B.size());
+          for (int64_t m = 0; m < M && Kp > K; ++m) A16[size_t(m * lda + K)] = 0;  // an odd K's pad
+          std::vector<uint16_t> panels(static_cast<size_t>(kern::detail::pack_bf16_panels_size(N, K)));
+          kern::detail::pack_bf16_panels_from_f32_serial(B.data(), K, /*b_kmajor=*/false, N, K, panels.data());
+          Guarded got(M, N, ldc), want(M, N, ldc);
+          kern::detail::gemm_bf16_packed_serial(A16.data(), lda, M, panels.data(), N, K, got.data(), ldc, store);
+          kern::detail::gemm_ex(pool, A.data(), lda, 1, M, B16.data(), DType::BF16, K, false, N, K, nullptr,
+                                want.data(), ldc, store, /*bf16_dot=*/true);
+          EXPECT_EQ(got.touched_outside(), 0);
+          int bad = 0;
+          for (int64_t m = 0; m < M; ++m)
+            for (int64_t n = 0; n < N; ++n)
+              if (f32_bits(got.at(m, n)) != f32_bits(want.at(m, n)) && bad++ < 3)
+                ADD_FAILURE() << "C[" << m << ", " << n << "] " << got.at(m, n) << " != " << want.at(m, n);
+          ASSERT_EQ(bad, 0);
+        }
 }
 
 // pack_f32_panels_part (the fp32 DiT attention packs K and V by 32-key chunks of whole rows): parts of 32

@@ -561,7 +561,7 @@ void softmax_numerators(float* S, int64_t lds, int rows, const int64_t* nk, int6
 namespace {
 
 // Bidirectional attention over many query rows with F32 K / V (the DiT: 690 x 690 per head) as
-// GEMMs: per task (query head h, block of kGemmQB rows) S = Q_h K_h^T (gemm_ex, fp32), the reference's
+// GEMMs: per task (query head h, block of kGemmQB or kGemmQB16 rows) S = Q_h K_h^T (gemm_ex, fp32), the reference's
 // blocked softmax numerators of S·scale (softmax_numerators, scaling as it reads), then per 512-key
 // block O_b = E_b V_b (gemm_ex) combined as O = O·alpha_b + O_b, out = O·inv rounded once. K_h and
 // the V_b are packed once per call in the tiles' layout (pack_*_panels_serial), not per task. The same
@@ -582,18 +582,22 @@ namespace {
 // session (a noisier host; alternations x 60 runs, min / median): 11.3-11.7 / 11.8-14.0 ms ->
 // 9.9-10.3 / 10.1-12.3 ms with K / V packed from fp32 (a bf16 copy of K and a scalar bf16 transpose of
 // V had been ~1/5 of the samples), Q converted in one pass and 32-key softmax steps; same bits.
-constexpr int64_t kGemmQB = 128;
+// Query rows per task: 128 for the fp32 GEMMs' 8-row tiles, 126 for the bf16 6-row tiles (a 128-row block
+// left a 2-row tile, 1.5% of attention_dit_L690_bf16's samples; 690 = 5 x 126 + 60 fills every tile).
+// Which rows share a task changes no bit.
+constexpr int64_t kGemmQB = 128, kGemmQB16 = 126;
 constexpr int64_t kGemmMinRows = 64;  // below this the direct path is as fast (and takes tiny cases)
 
 void attention_gemm(const ThreadPool& pool, const float* q, int64_t ldq, const float* k, const float* v, int64_t ldkv,
                     float* out, int64_t ldo, int64_t Sq, int64_t Skv, int Hq, int Hkv, int D, float scale,
                     int64_t span, DType store) {
   const int group = Hq / Hkv;
-  const int64_t nqb = (Sq + kGemmQB - 1) / kGemmQB;
+  const bool bfdot = store == DType::BF16 && detail::cpu_has_avx512bf16();
+  const int64_t qb = bfdot ? kGemmQB16 : kGemmQB;
+  const int64_t nqb = (Sq + qb - 1) / qb;
   const int64_t nblk = (Skv + kRefKv - 1) / kRefKv;
   int64_t lds = (Skv + 15) / 16 * 16;
-  if (lds % 1024 == 0) lds += 16;  // no 4 KiB-aliased rows
-  const bool bfdot = store == DType::BF16 && detail::cpu_has_avx512bf16();
+  if (lds % 1024 == 0) lds += 16;            // no 4 KiB-aliased rows
   const int64_t Dp = (D + 1) & ~int64_t(1);  // bf16 rows of Q padded to whole pairs
   // Each KV head's K (B of S = Q K^T: [Skv, D]) and its V blocks (B of O_b = P_b V_b: [D, w] per 512-key
   // block) packed once per call in the layout the GEMM tiles read, shared by the head's query blocks
@@ -683,13 +687,13 @@ void attention_gemm(const ThreadPool& pool, const float* q, int64_t ldq, const f
         auto at_least = [](auto& b, int64_t n) {
           if (b.size() < static_cast<size_t>(n)) b.resize(static_cast<size_t>(n));
         };
-        at_least(S, kGemmQB * lds), at_least(O, kGemmQB * D), at_least(T, kGemmQB * D);
-        at_least(alpha, kGemmQB * nblk), at_least(inv, kGemmQB);
-        if (bfdot) at_least(P16, kGemmQB * lds);
-        const std::vector<int64_t> nk(kGemmQB, Skv);
+        at_least(S, qb * lds), at_least(O, qb * D), at_least(T, qb * D);
+        at_least(alpha, qb * nblk), at_least(inv, qb);
+        if (bfdot) at_least(P16, qb * lds);
+        const std::vector<int64_t> nk(static_cast<size_t>(qb), Skv);
         for (int64_t t = t0; t < t1; ++t) {
           const int h = static_cast<int>(t / nqb), hk = h / group;
-          const int64_t i0 = (t % nqb) * kGemmQB, n = std::min(kGemmQB, Sq - i0);
+          const int64_t i0 = (t % nqb) * qb, n = std::min(qb, Sq - i0);
           const float* qh = q + i0 * ldq + int64_t(h) * D;
           if (bfdot) {
             const uint16_t* kp = pk16 + hk * per_head;
