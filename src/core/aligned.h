@@ -36,17 +36,26 @@ struct CacheLineAllocator {
 template <class T>
 using aligned_vector = std::vector<T, CacheLineAllocator<T>>;
 
-// Uninitialized scratch of trivial T on a cache line (a std::vector would zero it first).
+// Raw storage (aligned.cpp), uninitialized, null when out of memory: on a cache line, and from 4 MiB up on
+// a 2 MiB boundary with transparent huge pages advised (Tensor storage follows the same rule). On this
+// kind of VM a 4 KiB page costs ~3 us to fault in, and 4 KiB pages slow a weight stream (core/tensor.cpp).
+void* alloc_storage(std::size_t bytes) noexcept;
+void free_storage(void* p) noexcept;
+
+// Uninitialized scratch or packed weights of trivial T (a std::vector would zero them first), from
+// alloc_storage. The int8 DiT's packed weights (2.4 GB) live in these.
 template <class T>
 struct CacheLineDelete {
-  void operator()(T* p) const noexcept { ::operator delete[](p, std::align_val_t(kCacheLine)); }
+  void operator()(T* p) const noexcept { free_storage(p); }
 };
 template <class T>
 using aligned_buffer = std::unique_ptr<T[], CacheLineDelete<T>>;
 template <class T>
 aligned_buffer<T> make_aligned_buffer(std::size_t n) {
   static_assert(std::is_trivially_default_constructible_v<T> && std::is_trivially_destructible_v<T>);
-  return aligned_buffer<T>(new (std::align_val_t(kCacheLine)) T[n]);
+  void* p = alloc_storage(n * sizeof(T));
+  if (!p) throw std::bad_alloc();
+  return aligned_buffer<T>(static_cast<T*>(p));
 }
 
 }  // namespace mm3

@@ -1,10 +1,10 @@
 #include "core/tensor.h"
 
-#include <sys/mman.h>
-
 #include <cstdlib>
 #include <cstring>
 #include <new>
+
+#include "core/aligned.h"
 
 namespace mm3 {
 
@@ -35,20 +35,12 @@ std::vector<int64_t> contiguous_strides(const Shape& s) {
 
 namespace {
 
-// Large buffers (>= 4 MiB: weights, activations) are 2 MiB aligned and advised to transparent huge
-// pages: on this kind of VM a 4 KiB page costs ~3 us to fault in (1 GiB: 3.3 s, with THP 0.1-2 s)
-// and 4 KiB pages cut a weight stream's bandwidth (a 4.9 GB file mapping summed at 37 GB/s, the same
-// bytes in THP memory at 64 GB/s; measured for issue 8). Advice only: without THP nothing changes.
+// Tensor storage: alloc_storage's rule (core/aligned.h: 4 MiB and up on 2 MiB boundaries, THP advised).
 std::shared_ptr<void> alloc_aligned(size_t bytes) {
-  constexpr size_t kHuge = size_t(2) << 20, kHugeFrom = size_t(4) << 20;
-  const size_t align = bytes >= kHugeFrom ? kHuge : 64;
-  size_t n = (bytes + align - 1) / align * align;
-  if (n == 0) n = 64;
-  void* p = std::aligned_alloc(align, n);
-  if (p && align == kHuge) ::madvise(p, n, MADV_HUGEPAGE);
+  void* p = alloc_storage(bytes);
   if (!p)
     throw OutOfMemory(fmt::format("could not allocate {:.1f} MiB for a tensor", bytes / 1048576.0));
-  return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  return std::shared_ptr<void>(p, [](void* q) { free_storage(q); });
 }
 
 // Iterate every element of a strided tensor in C order, calling f(src_element_offset, linear_index).
