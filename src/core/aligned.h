@@ -18,29 +18,34 @@ namespace mm3 {
 
 inline constexpr std::size_t kCacheLine = 64;
 
+// Raw storage (aligned.cpp), uninitialized, null when out of memory: on a cache line, and from 4 MiB up on
+// a 2 MiB boundary with transparent huge pages advised (Tensor storage follows the same rule). On this
+// kind of VM a 4 KiB page costs ~3 us to fault in, and 4 KiB pages slow a weight stream (core/tensor.cpp).
+void* alloc_storage(std::size_t bytes) noexcept;
+void free_storage(void* p) noexcept;
+
 template <class T>
 struct CacheLineAllocator {
   using value_type = T;
   CacheLineAllocator() = default;
   template <class U>
   constexpr CacheLineAllocator(const CacheLineAllocator<U>&) noexcept {}
-  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(kCacheLine))); }
-  void deallocate(T* p, std::size_t) noexcept { ::operator delete(p, std::align_val_t(kCacheLine)); }
+  T* allocate(std::size_t n) {
+    void* p = alloc_storage(n * sizeof(T));
+    if (!p) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, std::size_t) noexcept { free_storage(p); }
   template <class U>
   bool operator==(const CacheLineAllocator<U>&) const noexcept {
     return true;
   }
 };
 
-// A std::vector whose data() is 64-byte aligned (whatever its size).
+// A std::vector whose data() is 64-byte aligned (whatever its size), from alloc_storage (so a large one is on
+// huge pages: the DiT's per-call activation buffers are).
 template <class T>
 using aligned_vector = std::vector<T, CacheLineAllocator<T>>;
-
-// Raw storage (aligned.cpp), uninitialized, null when out of memory: on a cache line, and from 4 MiB up on
-// a 2 MiB boundary with transparent huge pages advised (Tensor storage follows the same rule). On this
-// kind of VM a 4 KiB page costs ~3 us to fault in, and 4 KiB pages slow a weight stream (core/tensor.cpp).
-void* alloc_storage(std::size_t bytes) noexcept;
-void free_storage(void* p) noexcept;
 
 // Uninitialized scratch or packed weights of trivial T (a std::vector would zero them first), from
 // alloc_storage. The int8 DiT's packed weights (2.4 GB) live in these.

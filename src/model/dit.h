@@ -28,17 +28,18 @@
 
 namespace mm3 {
 
-// Per-call buffers (token-major float rows); grown on demand, fully rewritten by every forward.
+// Per-call buffers (token-major float rows); grown on demand, fully rewritten by every forward. On
+// alloc_storage (core/aligned.h): the large ones on huge pages, as the passes between the GEMMs stream them.
 struct DitWorkspace {
-  std::vector<float> z, zp;          // [B·L, Cc] concat input, after the pre conv
-  std::vector<float> h, n;           // [B·S, D] residual stream, normed
-  std::vector<float> qkv;            // [B·S, 3D] q | k | v
-  std::vector<float> att, tmp;       // [B·S, D]
-  std::vector<float> ff, act;        // [B·S, 2F], [B·S, F]
+  aligned_vector<float> z, zp;          // [B·L, Cc] concat input, after the pre conv
+  aligned_vector<float> h, n;           // [B·S, D] residual stream, normed
+  aligned_vector<float> qkv;            // [B·S, 3D] q | k | v
+  aligned_vector<float> att, tmp;       // [B·S, D]
+  aligned_vector<float> ff, act;        // [B·S, 2F], [B·S, F]
   aligned_vector<uint16_t> n16, act16;  // bf16 compute: the normed rows and the GLU as bf16 bits
-  std::vector<float> tf, t1;         // [B, fourier], [B, D] time-embedding intermediates
-  std::vector<float> po, pv;         // [L, C] proj_out, post conv (one batch item at a time)
-  std::vector<float> cos, sin;       // [S, rot]
+  aligned_vector<float> tf, t1;         // [B, fourier], [B, D] time-embedding intermediates
+  aligned_vector<float> po, pv;         // [L, C] proj_out, post conv (one batch item at a time)
+  aligned_vector<float> cos, sin;       // [S, rot]
   int64_t rope_len = -1;
   DType rope_store = DType::F32;
 };

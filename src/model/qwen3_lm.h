@@ -27,6 +27,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/aligned.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
 #include "io/safetensors.h"
@@ -55,17 +56,18 @@ void lm_rope_tables(const int64_t* positions, int64_t n_pos, int head_dim, doubl
                     DType store);
 
 // Per-request scratch of Qwen3Lm::forward, sized for `rows` = batch × chunk tokens. Allocated by
-// reserve(); forward() never allocates once it is large enough.
+// reserve(); forward() never allocates once it is large enough. On alloc_storage (core/aligned.h): a
+// prefill chunk's large buffers on huge pages.
 struct LmScratch {
   int64_t rows = 0, chunk = 0;
-  std::vector<float> x;           // [rows, H] residual stream
-  std::vector<float> hn;          // [rows, H] normed input of attention / MLP
-  std::vector<float> q;           // [rows, Hq*D]
-  std::vector<float> k, v;        // [rows, Hkv*D]
-  std::vector<float> att;         // [rows, Hq*D] attention output
-  std::vector<float> o;           // [rows, H] o_proj / down_proj output
-  std::vector<float> gate, up;    // [rows, I]
-  std::vector<float> cos, sin;    // [chunk, D]
+  aligned_vector<float> x;         // [rows, H] residual stream
+  aligned_vector<float> hn;        // [rows, H] normed input of attention / MLP
+  aligned_vector<float> q;         // [rows, Hq*D]
+  aligned_vector<float> k, v;      // [rows, Hkv*D]
+  aligned_vector<float> att;       // [rows, Hq*D] attention output
+  aligned_vector<float> o;         // [rows, H] o_proj / down_proj output
+  aligned_vector<float> gate, up;  // [rows, I]
+  aligned_vector<float> cos, sin;  // [chunk, D]
   std::vector<int64_t> pos;       // [chunk]
   void reserve(const LmConfig& c, int64_t rows, int64_t chunk);
 };

@@ -8,14 +8,13 @@
 // so the bits equal snake → conv → add run one after another.
 #include "model/vocoder.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <ctime>
 
+#include "core/aligned.h"
 #include "kernels/kernels.h"
 #include "model/weights.h"
 
@@ -46,20 +45,18 @@ std::vector<float> rounded(std::vector<float> v) {
 }
 
 // One decode's activation buffer, uninitialised (every stage writes its whole output before anything
-// reads it), 2 MiB aligned and advised to transparent huge pages. Fresh 4 KiB pages cost this kind of
-// VM microseconds each to fault in: three value-initialised 135 MB vectors (L = 689) took 1.4 s of a
-// ~9 s decode. Huge pages still cost the kernel's zeroing on first touch (1.1 s of an 8 s bf16 decode
-// on Zen 4), hence VocoderWorkspace, which keeps the buffers from one decode to the next.
+// reads it), from alloc_storage: 2 MiB aligned and advised to transparent huge pages. Fresh 4 KiB pages cost this kind
+// of VM microseconds each to fault in: three value-initialised 135 MB vectors (L = 689) took 1.4 s of a ~9 s decode.
+// Huge pages still cost the kernel's zeroing on first touch (1.1 s of an 8 s bf16 decode on Zen 4), hence
+// VocoderWorkspace, which keeps the buffers from one decode to the next.
 class Activations {
  public:
   explicit Activations(int64_t n) {
-    constexpr size_t kHuge = size_t(2) << 20;
-    const size_t bytes = (static_cast<size_t>(n) * sizeof(float) + kHuge - 1) / kHuge * kHuge;
-    p_ = static_cast<float*>(std::aligned_alloc(kHuge, bytes));
+    const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+    p_ = static_cast<float*>(alloc_storage(bytes));  // large: on huge pages (core/aligned.h)
     if (!p_) throw OutOfMemory(fmt::format("vocoder: cannot allocate {} MB of activations", bytes >> 20));
-    madvise(p_, bytes, MADV_HUGEPAGE);  // advice only: without THP it changes nothing
   }
-  ~Activations() { std::free(p_); }
+  ~Activations() { free_storage(p_); }
   Activations(const Activations&) = delete;
   Activations& operator=(const Activations&) = delete;
   float* data() const { return p_; }

@@ -38,10 +38,10 @@ TEST(Aligned, BufferStartsOnACacheLine) {
   }
 }
 
-// From 4 MiB up, buffers (and Tensor storage, which shares alloc_storage) start on a 2 MiB boundary, so the
-// huge pages advised for them can back them from their first byte (the int8 DiT's 2.4 GB of packed
-// weights faulted in 4 KiB pages took 8-11 s to prepare, 2.4-2.9 s on THP). Zero bytes still give a
-// distinct, freeable pointer. (RED: the previous operator new[] with a 64-byte alignment.)
+// From 4 MiB up, buffers and aligned vectors (and Tensor storage: all share alloc_storage) start on a 2 MiB
+// boundary, so the huge pages advised for them can back them from their first byte (the int8 DiT's 2.4 GB
+// of packed weights faulted in 4 KiB pages took 8-11 s to prepare, 2.4-2.9 s on THP). Zero bytes still
+// give a distinct, freeable pointer. (RED: the previous operator new[] with a 64-byte alignment.)
 TEST(Aligned, LargeStorageStartsOnAHugePageBoundary) {
   constexpr uintptr_t kHuge = uintptr_t(2) << 20;
   std::vector<aligned_buffer<int8_t>> keep;
@@ -53,6 +53,9 @@ TEST(Aligned, LargeStorageStartsOnAHugePageBoundary) {
   }
   const Tensor t = Tensor::empty(DType::F32, {3, 1 << 20});  // 12 MiB
   EXPECT_EQ(reinterpret_cast<uintptr_t>(t.raw()) % kHuge, 0u);
+  aligned_vector<float> v(size_t(2) << 20, 1.5f);  // 8 MiB (the DiT's activation buffers are these)
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(v.data()) % kHuge, 0u);
+  EXPECT_EQ(v.back(), 1.5f);
   void* z = alloc_storage(0);
   ASSERT_NE(z, nullptr);
   EXPECT_TRUE(on_line(z));
