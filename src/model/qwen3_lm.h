@@ -68,7 +68,7 @@ struct LmScratch {
   aligned_vector<float> o;         // [rows, H] o_proj / down_proj output
   aligned_vector<float> gate, up;  // [rows, I]
   aligned_vector<float> cos, sin;  // [chunk, D]
-  std::vector<int64_t> pos;       // [chunk]
+  std::vector<int64_t> pos;        // [chunk]
   void reserve(const LmConfig& c, int64_t rows, int64_t chunk);
 };
 
