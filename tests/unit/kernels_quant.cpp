@@ -245,8 +245,8 @@ void check_gemv(const ThreadPool& pool, QuantType t, int64_t M, const Size& s, D
 TEST(KernelsQuant, GemvMatchesRefEveryIsa) {
   ThreadPool pool(2);
   Rng rng(5);
-  // K up to 5121: 1..11 superblocks, so the VNNI body's groups of J = 8 / 4 / 2 superblocks and its 2-
-  // and 1-superblock tails all run for every M; the 4-rows-side-by-side body runs where M <= 2 rows of
+  // K up to 5121: 1..11 superblocks for every M (the VNNI body's chain splits C = 4 / 4 / 2 / 2 for M =
+  // 1..4, 2 / 1 side by side); the 4-rows-side-by-side body runs where M <= 2 rows of
   // quantized activations fill more than half the L1D (quant.cpp): K = 8200 (17 superblocks) at M = 2
   // on a 32 KiB L1D, and K_long at M = 1 and 2 on any; N = 7 runs its one-row tail as well.
   const int64_t k_long = kern::detail::cpu_l1d_bytes() / 2 + 700;

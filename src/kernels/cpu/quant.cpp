@@ -530,96 +530,96 @@ MM3_Q_TARGET inline float lane_tree_v(__m512 acc) {
 constexpr int64_t kVnniPfBytes = 4096;
 constexpr int64_t kVnniScPfBytes = 2048;
 
-// NB rows (n-th pointers in qr / sc), superblocks [s0, s0 + J), M activation rows. Each row's bytes
-// are read front to back (within a group of J superblocks, vector v of each in turn); each (row,
-// superblock, m) integer sum is its own chain (NB·J·M of them), so a superblock's VPDPBUSDs need not
-// wait for the previous one's (one chain of 8 per (row, m), as the first version had, was
-// latency-bound on Zen 4). Every loop here runs over template constants and is unrolled, with the J
-// superblocks' chains interleaved in program order: GCC had kept the j loop rolled, isum on the stack
-// and each superblock's 2 chains of 8 VPDPBUSDs one after the other, latency-bound at ~0.5 VPDPBUSD a
-// cycle where Zen 5 issues 2 (6.6 G/s a core measured with register operands). In L2, one thread,
-// Zen 5, [192, 4096] M = 2 (gemv_*_192x4096_m2_l2, 3 interleaved pairs): int8 19.1-20.5 -> 16.6-17.8
-// us, q4 17.8-19.3 -> 15.7-16.8 us a call. The integer sums are exact, so neither their order nor
-// their grouping changes a bit; the fp32 steps then run superblock by superblock in order (quant.h).
-template <int M, int J, bool I8, int NB>
-MM3_Q_TARGET inline void superblocks_vnni(const QuantActs& a, const uint8_t* const (&qr)[NB],
-                                          const uint16_t* const (&sc)[NB], int64_t s0, int64_t nblk,
-                                          __m512 (&acc)[NB][M]) {
+// Superblock s of NB rows (n-th pointers in qr / sc), M activation rows. Each (row, m) integer sum runs
+// in C chains (vector v of the superblock into chain v % C; the chains added at the end: integer sums
+// are exact, so neither the split nor the order changes a bit), NB·M·C >= 8 chains where the registers
+// allow, so the VPDPBUSDs need not wait for each other; every loop runs over template constants and is
+// unrolled (GCC had kept an earlier version's loop rolled with the sums on the stack, latency-bound at
+// ~0.5 VPDPBUSD a cycle where Zen 5 issues 2). The fp32 steps then run superblock by superblock in order
+// (quant.h).
+// Superblocks go strictly one after another, so a row's codes are read in address order. Until the
+// twenty-sixth session 4 (M = 2) or 8 (M = 1) superblocks were interleaved vector by vector (one chain
+// per superblock: 64-byte loads 512 bytes apart, four streams inside 2 KiB), which Zen 4's prefetchers
+// followed badly. Zen 4, 2 cores (docs/performance-history.md, twenty-sixth session): [12288, 4096] M = 2
+// weights cycled through 512 MB, both bodies in one scratch program, one thread int8 ~15.7 -> ~22 GB/s,
+// q4 ~17 -> ~19-21; two threads int8 ~23.5 -> ~31.5, q4 ~22.6 -> ~31 (a plain streaming sum: 31 / 35
+// GB/s); in L2 (compute alone) no difference (int8 ~48, q4 ~29 GB/s a core). Binaries alternating x3:
+// ar_frame_int8 502 / 499 / 475 -> 424 / 451 / 357 ms, ar_frame_q4 271 / 316 / 266 -> 259 / 237 / 212 ms,
+// depth_frame_q4 100 / 108 / 114 -> 85 / 82 / 87 ms.
+template <int M, bool I8, int NB>
+MM3_Q_TARGET inline void superblock_vnni(const QuantActs& a, const uint8_t* const (&qr)[NB],
+                                         const uint16_t* const (&sc)[NB], int64_t s, int64_t nblk,
+                                         __m512 (&acc)[NB][M]) {
+  constexpr int C = std::clamp(8 / (M * NB), 1, 4);
   const __m512i lo4 = _mm512_set1_epi8(0x0F);
-  __m512i isum[NB][J][M];
+  __m512i isum[NB][M][C];
 #pragma GCC unroll 16
   for (int r = 0; r < NB; ++r)
 #pragma GCC unroll 16
-    for (int j = 0; j < J; ++j)
+    for (int m = 0; m < M; ++m)
 #pragma GCC unroll 16
-      for (int m = 0; m < M; ++m)
-        isum[r][j][m] =
-            I8 ? _mm512_loadu_si512(a.corr.data() + size_t(m * nblk + (s0 + j) * 16)) : _mm512_setzero_si512();
-  const int8_t* xs = a.xq.data() + s0 * kQuantSuper;
+      for (int c = 0; c < C; ++c)
+        isum[r][m][c] =
+            I8 && c == 0 ? _mm512_loadu_si512(a.corr.data() + size_t(m * nblk + s * 16)) : _mm512_setzero_si512();
+  const int8_t* xs = a.xq.data() + s * kQuantSuper;
   if constexpr (I8) {
 #pragma GCC unroll 16
-    for (int v = 0; v < 8; ++v)
+    for (int v = 0; v < 8; ++v) {
+      __m512i xv[M];
 #pragma GCC unroll 16
-      for (int j = 0; j < J; ++j) {
-        __m512i xv[M];
+      for (int m = 0; m < M; ++m) xv[m] = _mm512_loadu_si512(xs + m * a.Kp + 64 * v);
 #pragma GCC unroll 16
-        for (int m = 0; m < M; ++m) xv[m] = _mm512_loadu_si512(xs + m * a.Kp + j * kQuantSuper + 64 * v);
+      for (int r = 0; r < NB; ++r) {
+        const __m512i wv = _mm512_loadu_si512(qr[r] + s * kQuantSuper + 64 * v);
+        __builtin_prefetch(qr[r] + s * kQuantSuper + 64 * v + kVnniPfBytes, 0, 0);
 #pragma GCC unroll 16
-        for (int r = 0; r < NB; ++r) {
-          const __m512i wv = _mm512_loadu_si512(qr[r] + (s0 + j) * kQuantSuper + 64 * v);
-          __builtin_prefetch(qr[r] + (s0 + j) * kQuantSuper + 64 * v + kVnniPfBytes, 0, 0);
-#pragma GCC unroll 16
-          for (int m = 0; m < M; ++m) isum[r][j][m] = _mm512_dpbusd_epi32(isum[r][j][m], wv, xv[m]);
-        }
-      }
-  } else {
-#pragma GCC unroll 16
-    for (int c = 0; c < 4; ++c)
-#pragma GCC unroll 16
-      for (int j = 0; j < J; ++j) {  // chunk c holds unpacked vectors c (low nibbles) and c + 4 (high nibbles)
-        __m512i xl[M], xh[M];
-#pragma GCC unroll 16
-        for (int m = 0; m < M; ++m) {
-          xl[m] = _mm512_loadu_si512(xs + m * a.Kp + j * kQuantSuper + 64 * c);
-          xh[m] = _mm512_loadu_si512(xs + m * a.Kp + j * kQuantSuper + 64 * (c + 4));
-        }
-#pragma GCC unroll 16
-        for (int r = 0; r < NB; ++r) {
-          const __m512i b = _mm512_loadu_si512(qr[r] + (s0 + j) * (kQuantSuper / 2) + 64 * c);
-          __builtin_prefetch(qr[r] + (s0 + j) * (kQuantSuper / 2) + 64 * c + kVnniPfBytes, 0, 0);
-          const __m512i wl = _mm512_and_si512(b, lo4), wh = _mm512_and_si512(_mm512_srli_epi16(b, 4), lo4);
-#pragma GCC unroll 16
-          for (int m = 0; m < M; ++m) {
-            isum[r][j][m] = _mm512_dpbusd_epi32(isum[r][j][m], wl, xl[m]);
-            isum[r][j][m] = _mm512_dpbusd_epi32(isum[r][j][m], wh, xh[m]);
-          }
-        }
-      }
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < NB; ++r)
-#pragma GCC unroll 16
-    for (int j = 0; j < J; ++j) {
-      const int64_t s = s0 + j;
-      __builtin_prefetch(reinterpret_cast<const char*>(sc[r] + (I8 ? 16 : 32) * s) + kVnniScPfBytes, 0, 0);
-      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[r] + (I8 ? 16 : 32) * s)));
-      __m512 mn = _mm512_setzero_ps();
-      if constexpr (!I8)
-        mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[r] + 32 * s + 16)));
-#pragma GCC unroll 16
-      for (int m = 0; m < M; ++m) {
-        const size_t bi = size_t(m * nblk + s * 16);
-        const __m512 dd = _mm512_mul_ps(d, _mm512_loadu_ps(a.dx.data() + bi));
-        acc[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][j][m]), dd, acc[r][m]);
-        if constexpr (!I8) acc[r][m] = _mm512_fmadd_ps(mn, _mm512_loadu_ps(a.sxdx.data() + bi), acc[r][m]);
+        for (int m = 0; m < M; ++m) isum[r][m][v % C] = _mm512_dpbusd_epi32(isum[r][m][v % C], wv, xv[m]);
       }
     }
+  } else {
+#pragma GCC unroll 16
+    for (int c = 0; c < 4; ++c) {  // chunk c holds unpacked vectors c (low nibbles) and c + 4 (high nibbles)
+      __m512i xl[M], xh[M];
+#pragma GCC unroll 16
+      for (int m = 0; m < M; ++m) {
+        xl[m] = _mm512_loadu_si512(xs + m * a.Kp + 64 * c);
+        xh[m] = _mm512_loadu_si512(xs + m * a.Kp + 64 * (c + 4));
+      }
+#pragma GCC unroll 16
+      for (int r = 0; r < NB; ++r) {
+        const __m512i b = _mm512_loadu_si512(qr[r] + s * (kQuantSuper / 2) + 64 * c);
+        __builtin_prefetch(qr[r] + s * (kQuantSuper / 2) + 64 * c + kVnniPfBytes, 0, 0);
+        const __m512i wl = _mm512_and_si512(b, lo4), wh = _mm512_and_si512(_mm512_srli_epi16(b, 4), lo4);
+#pragma GCC unroll 16
+        for (int m = 0; m < M; ++m) {
+          isum[r][m][(2 * c) % C] = _mm512_dpbusd_epi32(isum[r][m][(2 * c) % C], wl, xl[m]);
+          isum[r][m][(2 * c + 1) % C] = _mm512_dpbusd_epi32(isum[r][m][(2 * c + 1) % C], wh, xh[m]);
+        }
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < NB; ++r) {
+    __builtin_prefetch(reinterpret_cast<const char*>(sc[r] + (I8 ? 16 : 32) * s) + kVnniScPfBytes, 0, 0);
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[r] + (I8 ? 16 : 32) * s)));
+    __m512 mn = _mm512_setzero_ps();
+    if constexpr (!I8) mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[r] + 32 * s + 16)));
+#pragma GCC unroll 16
+    for (int m = 0; m < M; ++m) {
+      __m512i t = isum[r][m][0];
+#pragma GCC unroll 16
+      for (int c = 1; c < C; ++c) t = _mm512_add_epi32(t, isum[r][m][c]);
+      const size_t bi = size_t(m * nblk + s * 16);
+      const __m512 dd = _mm512_mul_ps(d, _mm512_loadu_ps(a.dx.data() + bi));
+      acc[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), dd, acc[r][m]);
+      if constexpr (!I8) acc[r][m] = _mm512_fmadd_ps(mn, _mm512_loadu_ps(a.sxdx.data() + bi), acc[r][m]);
+    }
+  }
 }
 
-// NB rows n..n+NB-1 over all superblocks, J at a time (J·M·NB = 6..8 independent sum chains).
+// NB rows n..n+NB-1 over all superblocks.
 template <int M, bool I8, int NB>
 MM3_Q_TARGET inline void rows_vnni(const QuantActs& a, const QuantMatrix& w, int64_t n, const GemvOut& out) {
-  constexpr int J0 = M == 1 ? 8 : M == 2 ? 4 : 2, J = J0 / NB > 0 ? J0 / NB : 1;
   const int64_t S = w.superblocks(), nblk = a.Kp / kQuantBlock;
   const uint8_t* qr[NB];
   const uint16_t* sc[NB];
@@ -628,11 +628,7 @@ MM3_Q_TARGET inline void rows_vnni(const QuantActs& a, const QuantMatrix& w, int
     qr[r] = w.qs_row(n + r), sc[r] = w.scales_row(n + r);
     for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
   }
-  int64_t s = 0;
-  for (; s + J <= S; s += J) superblocks_vnni<M, J, I8, NB>(a, qr, sc, s, nblk, acc);
-  if constexpr (J > 2)
-    for (; s + 2 <= S; s += 2) superblocks_vnni<M, 2, I8, NB>(a, qr, sc, s, nblk, acc);
-  for (; s < S; ++s) superblocks_vnni<M, 1, I8, NB>(a, qr, sc, s, nblk, acc);
+  for (int64_t s = 0; s < S; ++s) superblock_vnni<M, I8, NB>(a, qr, sc, s, nblk, acc);
   for (int r = 0; r < NB; ++r)
     for (int m = 0; m < M; ++m) out.put(m, n + r, lane_tree_v(acc[r][m]));
 }
