@@ -115,6 +115,16 @@ RegisterStage gemv_bf16_q{{
     .setup = [](const BenchContext& ctx) { return linear_stage(ctx, 2, 4096, 4096, DType::BF16, DType::BF16, true); },
 }};
 
+RegisterStage gemv_bf16_down{{
+    .name = "gemv_bf16_12288x4096_m2",
+    .description = "kern::linear M=2 over a BF16 [4096, 12288] weight (LM mlp.down_proj: long rows, 2 x 24 KiB "
+                   "of bf16 activations, the GEMV's rows-side-by-side regime), cycling copies (512 MB) so it "
+                   "streams from memory; bytes = weight bytes streamed",
+    .needs_model = false,
+    .memory_floor = true,
+    .setup = [](const BenchContext& ctx) { return linear_stage(ctx, 2, 4096, 12288, DType::BF16, DType::BF16, true); },
+}};
+
 RegisterStage gemv_bf16_qkv{{
     .name = "gemv_bf16_4096x6144_m2",
     .description = "kern::linear M=2 over a BF16 [6144, 4096] weight (LM q|k|v fused), cycling copies "

@@ -259,11 +259,22 @@ gemv_rows_bf16(const uint16_t* xb, int64_t Kp, const uint16_t* w, int64_t K, int
     }
 }
 
+// Rows one after another, each read front to back, unless the M bf16 rows of x (M · Kp · 2 bytes) no
+// longer stay in L1 beside the streamed weights: then NB rows side by side, which load each x vector
+// once for NB weight rows (the quantized GEMV's rule, quant.cpp). Rows side by side are NB streams 8 KiB
+// apart (K = 4096), which Zen 4's prefetchers follow worse than one: on 2 Zen 4 cores (twenty-sixth
+// session, one binary, the two orders alternating x3) gemv_bf16_4096x{12288,4096,6144}_m2 read
+// 17.4-18.9 -> 18.0-22.7 GB/s on one thread and 24.6-30.4 -> 32.1-35.0 on two (a plain streaming sum:
+// ~35); binaries alternating x3: lm_step 465 / 409 / 449 -> 454 / 361 / 413 ms, ar_frame 689 / 645 / 746
+// -> 594 / 701 / 587 ms. Long rows the other way round: gemv_bf16_12288x4096_m2 (K = 12288, 2 x 24 KiB
+// of x) one row at a time 11.2-12.5 GB/s on one thread, 23.7-24.1 on two, 4 side by side 19.9-21.0 and
+// 31.8-38.5. A row's operations do not depend on its neighbours: the same bits either way.
 template <int M, int SH>
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16"), no_sanitize_address)) void gemv_bf16_span(
     const uint16_t* xb, int64_t Kp, const uint16_t* w, int64_t K, int64_t n0, int64_t n1, float* sums, int64_t N) {
   int64_t n = n0;
-  for (; n + kGemvNB <= n1; n += kGemvNB) gemv_rows_bf16<M, kGemvNB, SH>(xb, Kp, w, K, n, sums, N);
+  if (2 * M * Kp > detail::cpu_l1d_bytes() / 2)
+    for (; n + kGemvNB <= n1; n += kGemvNB) gemv_rows_bf16<M, kGemvNB, SH>(xb, Kp, w, K, n, sums, N);
   for (; n < n1; ++n) gemv_rows_bf16<M, 1, SH>(xb, Kp, w, K, n, sums, N);
 }
 
