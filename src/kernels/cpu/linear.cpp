@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -269,11 +270,20 @@ gemv_rows_bf16(const uint16_t* xb, int64_t Kp, const uint16_t* w, int64_t K, int
 // -> 594 / 701 / 587 ms. Long rows the other way round: gemv_bf16_12288x4096_m2 (K = 12288, 2 x 24 KiB
 // of x) one row at a time 11.2-12.5 GB/s on one thread, 23.7-24.1 on two, 4 side by side 19.9-21.0 and
 // 31.8-38.5. A row's operations do not depend on its neighbours: the same bits either way.
+// MM3_GEMV_ROWS=1 or 4 forces one order (read once; for comparing them on another CPU in one binary).
+bool gemv_rows_side_by_side(int64_t M, int64_t Kp) {
+  static const int forced = [] {
+    const char* e = std::getenv("MM3_GEMV_ROWS");
+    return e && (std::string_view(e) == "1" || std::string_view(e) == "4") ? std::atoi(e) : 0;
+  }();
+  return forced ? forced == 4 : 2 * M * Kp > detail::cpu_l1d_bytes() / 2;
+}
+
 template <int M, int SH>
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16"), no_sanitize_address)) void gemv_bf16_span(
     const uint16_t* xb, int64_t Kp, const uint16_t* w, int64_t K, int64_t n0, int64_t n1, float* sums, int64_t N) {
   int64_t n = n0;
-  if (2 * M * Kp > detail::cpu_l1d_bytes() / 2)
+  if (gemv_rows_side_by_side(M, Kp))
     for (; n + kGemvNB <= n1; n += kGemvNB) gemv_rows_bf16<M, kGemvNB, SH>(xb, Kp, w, K, n, sums, N);
   for (; n < n1; ++n) gemv_rows_bf16<M, 1, SH>(xb, Kp, w, K, n, sums, N);
 }
