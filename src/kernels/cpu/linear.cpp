@@ -119,8 +119,9 @@ void blas_threads(const ThreadPool& pool) {
 // The AVX-512 bodies work on NB = 4 output rows at a time (the bf16 body: 1 or 4, see gemv_bf16_span)
 // with C independent accumulator chains per (row, m), so that enough FMA / VDPBF16PS chains are in
 // flight to hide their latency (2 chains per row were latency-bound at ~100 GFLOP/s on L2-resident
-// weights; streamed from memory on Zen 4, one row's 2 x M chains were enough). Chain c takes the vector blocks
-// b = c, c + C, ...; the masked tail goes to chain 0; the chains are summed in order, then reduced.
+// weights; streamed from memory on Zen 4, one row's 2 x M chains were enough). Chain c takes the
+// vector blocks b = c, c + C, ...; the masked tail goes to chain 0; the chains are summed in order,
+// then reduced.
 // A row's operation sequence does not depend on its neighbours, so rows computed 4 at a time or
 // alone (chunk remainders) give the same bits, whatever the thread chunking.
 constexpr int kGemvNB = 4;
