@@ -16,7 +16,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #include "core/errors.h"
 #include "kernels/cpu/gemm_nt.h"
@@ -546,7 +548,7 @@ constexpr int64_t kVnniScPfBytes = 2048;
 // GB/s); in L2 (compute alone) no difference (int8 ~48, q4 ~29 GB/s a core). Binaries alternating x3:
 // ar_frame_int8 502 / 499 / 475 -> 424 / 451 / 357 ms, ar_frame_q4 271 / 316 / 266 -> 259 / 237 / 212 ms,
 // depth_frame_q4 100 / 108 / 114 -> 85 / 82 / 87 ms.
-template <int M, bool I8, int NB>
+template <int M, bool I8, int NB, bool PF>
 MM3_Q_TARGET inline void superblock_vnni(const QuantActs& a, const uint8_t* const (&qr)[NB],
                                          const uint16_t* const (&sc)[NB], int64_t s, int64_t nblk,
                                          __m512 (&acc)[NB][M]) {
@@ -571,7 +573,7 @@ MM3_Q_TARGET inline void superblock_vnni(const QuantActs& a, const uint8_t* cons
 #pragma GCC unroll 16
       for (int r = 0; r < NB; ++r) {
         const __m512i wv = _mm512_loadu_si512(qr[r] + s * kQuantSuper + 64 * v);
-        __builtin_prefetch(qr[r] + s * kQuantSuper + 64 * v + kVnniPfBytes, 0, 0);
+        if constexpr (PF) __builtin_prefetch(qr[r] + s * kQuantSuper + 64 * v + kVnniPfBytes, 0, 0);
 #pragma GCC unroll 16
         for (int m = 0; m < M; ++m) isum[r][m][v % C] = _mm512_dpbusd_epi32(isum[r][m][v % C], wv, xv[m]);
       }
@@ -588,7 +590,7 @@ MM3_Q_TARGET inline void superblock_vnni(const QuantActs& a, const uint8_t* cons
 #pragma GCC unroll 16
       for (int r = 0; r < NB; ++r) {
         const __m512i b = _mm512_loadu_si512(qr[r] + s * (kQuantSuper / 2) + 64 * c);
-        __builtin_prefetch(qr[r] + s * (kQuantSuper / 2) + 64 * c + kVnniPfBytes, 0, 0);
+        if constexpr (PF) __builtin_prefetch(qr[r] + s * (kQuantSuper / 2) + 64 * c + kVnniPfBytes, 0, 0);
         const __m512i wl = _mm512_and_si512(b, lo4), wh = _mm512_and_si512(_mm512_srli_epi16(b, 4), lo4);
 #pragma GCC unroll 16
         for (int m = 0; m < M; ++m) {
@@ -600,7 +602,8 @@ MM3_Q_TARGET inline void superblock_vnni(const QuantActs& a, const uint8_t* cons
   }
 #pragma GCC unroll 16
   for (int r = 0; r < NB; ++r) {
-    __builtin_prefetch(reinterpret_cast<const char*>(sc[r] + (I8 ? 16 : 32) * s) + kVnniScPfBytes, 0, 0);
+    if constexpr (PF)
+      __builtin_prefetch(reinterpret_cast<const char*>(sc[r] + (I8 ? 16 : 32) * s) + kVnniScPfBytes, 0, 0);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[r] + (I8 ? 16 : 32) * s)));
     __m512 mn = _mm512_setzero_ps();
     if constexpr (!I8) mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[r] + 32 * s + 16)));
@@ -618,7 +621,7 @@ MM3_Q_TARGET inline void superblock_vnni(const QuantActs& a, const uint8_t* cons
 }
 
 // NB rows n..n+NB-1 over all superblocks.
-template <int M, bool I8, int NB>
+template <int M, bool I8, int NB, bool PF>
 MM3_Q_TARGET inline void rows_vnni(const QuantActs& a, const QuantMatrix& w, int64_t n, const GemvOut& out) {
   const int64_t S = w.superblocks(), nblk = a.Kp / kQuantBlock;
   const uint8_t* qr[NB];
@@ -628,7 +631,7 @@ MM3_Q_TARGET inline void rows_vnni(const QuantActs& a, const QuantMatrix& w, int
     qr[r] = w.qs_row(n + r), sc[r] = w.scales_row(n + r);
     for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
   }
-  for (int64_t s = 0; s < S; ++s) superblock_vnni<M, I8, NB>(a, qr, sc, s, nblk, acc);
+  for (int64_t s = 0; s < S; ++s) superblock_vnni<M, I8, NB, PF>(a, qr, sc, s, nblk, acc);
   for (int r = 0; r < NB; ++r)
     for (int m = 0; m < M; ++m) out.put(m, n + r, lane_tree_v(acc[r][m]));
 }
@@ -648,24 +651,51 @@ MM3_Q_TARGET inline void rows_vnni(const QuantActs& a, const QuantMatrix& w, int
 // ar_frame_q4 in one process (15 frames each, alternating, same bits) 170.9 / 170.0 / 170.6 -> 165.8 /
 // 163.6 / 164.8 ms, ar_frame_int8 274.1 -> 273.7 ms. With M > 2 the 4-row body would not fit the
 // registers. The choice changes no bit (each output's sums run in the same order either way).
-template <int M, bool I8>
+template <int M, bool I8, bool PF>
 MM3_Q_TARGET void gemv_vnni(const QuantActs& a, const QuantMatrix& w, int64_t n0, int64_t n1, const GemvOut& out) {
   int64_t n = n0;
   if (M <= 2 && 2 * M * w.padded_cols() > cpu_l1d_bytes())
-    for (; n + 4 <= n1; n += 4) rows_vnni<M, I8, 4>(a, w, n, out);
-  for (; n < n1; ++n) rows_vnni<M, I8, 1>(a, w, n, out);
+    for (; n + 4 <= n1; n += 4) rows_vnni<M, I8, 4, PF>(a, w, n, out);
+  for (; n < n1; ++n) rows_vnni<M, I8, 1, PF>(a, w, n, out);
 }
 
 using GemvFn = void (*)(const QuantActs&, const QuantMatrix&, int64_t, int64_t, const GemvOut&);
 
+template <bool I8, bool PF>
+GemvFn pick_vnni_pf(int64_t M) {
+  switch (M) {
+    case 1:
+      return gemv_vnni<1, I8, PF>;
+    case 2:
+      return gemv_vnni<2, I8, PF>;
+    case 3:
+      return gemv_vnni<3, I8, PF>;
+    default:
+      return gemv_vnni<4, I8, PF>;
+  }
+}
+
+// Whether the VNNI bodies issue the software prefetches above (codes and scales). They were measured
+// on Zen 5 (+17%, the int8 and q4 frames) and cost Zen 4 (AMD family 19h, the only one of its cores
+// with AVX512-VNNI) 11-14% of the int8 frames: ar_frame_int8 in one process, the two forms alternating
+// run by run, 20-30 runs a pair of sets, without ÷ with 0.86 / 0.90 / 0.88 (median of pairs; one set
+// per memory regime, probe 33 and 57 GB/s), depth_frame_int8 0.89. The q4 frames, whose body does more
+// work per byte, were no slower with them (ar_frame_q4 0.96 / 1.04 / 1.02 / 1.00, depth_frame_q4
+// 1.05 / 1.05), so q4 keeps them everywhere (twenty-seventh session, docs/performance-history.md).
+// MM3_QUANT_PREFETCH=0 or 1 forces the choice for both (read once; for comparing the two forms on
+// another CPU in one binary).
+bool vnni_prefetch(bool i8) {
+  static const int forced = [] {
+    const char* e = std::getenv("MM3_QUANT_PREFETCH");
+    return e && (std::string_view(e) == "0" || std::string_view(e) == "1") ? std::atoi(e) : -1;
+  }();
+  static const bool zen4 = __builtin_cpu_is("amd") && __builtin_cpu_is("amdfam19h");
+  return forced >= 0 ? forced == 1 : !(i8 && zen4);
+}
+
 template <bool I8>
 GemvFn pick_vnni(int64_t M) {
-  switch (M) {
-    case 1: return gemv_vnni<1, I8>;
-    case 2: return gemv_vnni<2, I8>;
-    case 3: return gemv_vnni<3, I8>;
-    default: return gemv_vnni<4, I8>;
-  }
+  return vnni_prefetch(I8) ? pick_vnni_pf<I8, true>(M) : pick_vnni_pf<I8, false>(M);
 }
 
 bool cpu_has_vnni() { return cpu_has_avx512vnni(); }
