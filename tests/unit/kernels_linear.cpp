@@ -208,8 +208,8 @@ TEST(KernelsLinear, Bf16GemvSameBitsWhereverTheWeightSitsInALine) {
     }
 }
 
-// The bf16 GEMV walks rows one after another, or 4 side by side where the M bf16 rows of x no longer
-// fit in half the L1D (linear.cpp, gemv_bf16_span); rows past the last group of 4 go alone. Every row
+// The bf16 GEMV walks rows one after another, or 4 side by side where the M bf16 rows of x outgrow
+// a quarter of the L1D (linear.cpp, gemv_bf16_span); rows past the last group of 4 go alone. Every row
 // must come out bitwise as a one-row weight of it gives it, in both regimes (K below and above the
 // threshold, K a multiple of 32 and not). RED: the 4-row body's masked tail into chain 1 fails the
 // long-K cases.
@@ -219,7 +219,7 @@ TEST(KernelsLinear, Bf16GemvRowsSideBySideSameBitsAsAlone) {
   const int64_t N = 11;  // two groups of 4, then 3 rows alone
   const int64_t l1d = kern::detail::cpu_l1d_bytes();
   for (int64_t M : {1, 2, 3, 4})
-    for (int64_t K : {int64_t(96), int64_t(517), l1d / (4 * M) / 32 * 32 + 64, l1d / (4 * M) + 37}) {
+    for (int64_t K : {int64_t(96), int64_t(517), l1d / (8 * M) / 32 * 32 + 64, l1d / (8 * M) + 37}) {
       SCOPED_TRACE(::testing::Message() << "M=" << M << " K=" << K << " (L1D " << l1d << " B)");
       std::vector<float> x, wv;
       cancelling_gemv_data(rng, M, N, K, x, wv);

@@ -262,23 +262,27 @@ gemv_rows_bf16(const uint16_t* xb, int64_t Kp, const uint16_t* w, int64_t K, int
     }
 }
 
-// Rows one after another, each read front to back, unless the M bf16 rows of x (M · Kp · 2 bytes) no
-// longer stay in L1 beside the streamed weights: then NB rows side by side, which load each x vector
-// once for NB weight rows (the quantized GEMV's rule, quant.cpp). Rows side by side are NB streams 8 KiB
-// apart (K = 4096), which Zen 4's prefetchers follow worse than one: on 2 Zen 4 cores (twenty-sixth
-// session, one binary, the two orders alternating x3) gemv_bf16_4096x{12288,4096,6144}_m2 read
-// 17.4-18.9 -> 18.0-22.7 GB/s on one thread and 24.6-30.4 -> 32.1-35.0 on two (a plain streaming sum:
-// ~35); binaries alternating x3: lm_step 465 / 409 / 449 -> 454 / 361 / 413 ms, ar_frame 689 / 645 / 746
-// -> 594 / 701 / 587 ms. Long rows the other way round: gemv_bf16_12288x4096_m2 (K = 12288, 2 x 24 KiB
-// of x) one row at a time 11.2-12.5 GB/s on one thread, 23.7-24.1 on two, 4 side by side 19.9-21.0 and
-// 31.8-38.5. A row's operations do not depend on its neighbours: the same bits either way.
+// Rows one after another, each read front to back, unless the M bf16 rows of x (M · Kp · 2 bytes)
+// outgrow a quarter of the L1D: then NB rows side by side, which load each x vector once for NB
+// weight rows. (The quantized GEMV's threshold is half the L1D, quant.cpp; its x is a byte a value.)
+// Twenty-sixth session: one row at a time below half the L1D, from binaries alternating x3 on 2 Zen 4
+// cores (gemv_bf16_4096x{12288,4096,6144}_m2 17.4-18.9 -> 18.0-22.7 GB/s one thread, 24.6-30.4 ->
+// 32.1-35.0 two; lm_step 465 / 409 / 449 -> 454 / 361 / 413 ms). The twenty-seventh, on the same
+// machine, compared the two orders inside one process, alternating run by run (20-40 runs, the median
+// of the pairs' ratios), and found the opposite at K = 4096, M = 2 (2 x 8 KiB of x): 4 side by side ÷
+// one at a time ar_frame 0.905 / 0.937 / 0.819 (three sets), depth_frame 0.898,
+// gemv_bf16_4096x12288_m2 0.945; in a scratch copy of the body one core streamed 8 KiB rows at ~11-19
+// GB/s with 16 KiB of x and ~19-20 with the same loads from 8 KiB (docs/performance-history.md).
+// Long rows were side by side under both rules: gemv_bf16_12288x4096_m2 (K = 12288) one row at a time
+// 11.2-12.5 GB/s on one thread, 23.7-24.1 on two, 4 side by side 19.9-21.0 and 31.8-38.5. A row's
+// operations do not depend on its neighbours: the same bits either way.
 // MM3_GEMV_ROWS=1 or 4 forces one order (read once; for comparing them on another CPU in one binary).
 bool gemv_rows_side_by_side(int64_t M, int64_t Kp) {
   static const int forced = [] {
     const char* e = std::getenv("MM3_GEMV_ROWS");
     return e && (std::string_view(e) == "1" || std::string_view(e) == "4") ? std::atoi(e) : 0;
   }();
-  return forced ? forced == 4 : 2 * M * Kp > detail::cpu_l1d_bytes() / 2;
+  return forced ? forced == 4 : 2 * M * Kp > detail::cpu_l1d_bytes() / 4;
 }
 
 template <int M, int SH>
