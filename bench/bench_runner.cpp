@@ -143,7 +143,24 @@ StageResult run_stage(const Stage& s, const BenchContext& ctx, const RunOptions&
     StageRun run = s.setup(ctx);
     r.setup_s = since(t0);
     if (!run.run) throw InternalError(fmt::format("bench stage {}: setup returned no run function", s.name));
-    for (int i = 0; i < opt.warmup; ++i) run.run();
+    // --alternate: each warm-up and timed run with its knob value; the knob's previous setting is
+    // restored however the stage ends.
+    const int before = opt.alternate ? kern::tuning::forced(opt.alternate->knob) : -1;
+    struct Restore {
+      const std::optional<Alternate>& alt;
+      int value;
+      ~Restore() {
+        if (alt) kern::tuning::force(alt->knob, value);
+      }
+    } restore{opt.alternate, before};
+    const int nv = opt.alternate ? static_cast<int>(opt.alternate->values.size()) : 1;
+    auto set_variant = [&](int i) {
+      if (opt.alternate) kern::tuning::force(opt.alternate->knob, opt.alternate->values[size_t(i % nv)]);
+    };
+    for (int i = 0; i < opt.warmup * nv; ++i) {
+      set_variant(i);
+      run.run();
+    }
     // A probe before each run and one after the last. Each is the faster of two reads (one read's
     // dispatch and ramp-up only ever lower it) of different halves, so neither finds the other's
     // lines in a cache.
@@ -153,10 +170,13 @@ StageResult run_stage(const Stage& s, const BenchContext& ctx, const RunOptions&
     };
     for (int i = 0; i < opt.runs; ++i) {
       probe();
+      set_variant(i);
       const auto t = Clock::now();
       run.run();
       r.seconds.push_back(since(t));
+      if (opt.alternate) r.variant.push_back(i % nv);
     }
+    r.alternate = opt.alternate;
     probe();
     r.bytes = run.bytes;
     r.flops = run.flops;
@@ -165,6 +185,56 @@ StageResult run_stage(const Stage& s, const BenchContext& ctx, const RunOptions&
     r.peak_rss_mb = peak_rss_mb() - probe_mb();
   }  // the stage's state is released here
   return r;
+}
+
+namespace {
+
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Run i against the floor of its own moment: the faster of the probes just before and just after it
+// (a short probe read in a momentary slowdown would otherwise flatter the run).
+std::vector<double> floor_ratios(const StageResult& r) {
+  const std::vector<double>& bw = r.probe_gbps;
+  std::vector<double> ratio;
+  for (size_t i = 0; i < r.seconds.size() && i < bw.size(); ++i) {
+    const double b = i + 1 < bw.size() ? std::max(bw[i], bw[i + 1]) : bw[i];
+    ratio.push_back(r.seconds[i] * b * 1e9 / r.bytes);
+  }
+  return ratio;
+}
+
+}  // namespace
+
+Alternate parse_alternate(std::string_view spec) {
+  const size_t eq = spec.find('=');
+  if (eq == std::string_view::npos || eq == 0)
+    throw InvalidInput(fmt::format("--alternate '{}': expected KNOB=A,B (e.g. gemv_rows=1,4)", spec));
+  Alternate a;
+  a.name = std::string(spec.substr(0, eq));
+  a.knob = kern::tuning::knob_from_name(a.name);
+  std::string_view rest = spec.substr(eq + 1);
+  while (true) {
+    const size_t c = rest.find(',');
+    const std::string item(rest.substr(0, c));
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0')
+      throw InvalidInput(fmt::format("--alternate '{}': '{}' is not a whole number", spec, item));
+    const int prev = kern::tuning::forced(a.knob);
+    kern::tuning::force(a.knob, static_cast<int>(v));  // throws, naming the values the knob takes
+    kern::tuning::force(a.knob, prev);
+    a.values.push_back(static_cast<int>(v));
+    if (c == std::string_view::npos) break;
+    rest = rest.substr(c + 1);
+  }
+  if (a.values.size() < 2)
+    throw InvalidInput(fmt::format("--alternate '{}': give at least two values to alternate", spec));
+  return a;
 }
 
 nlohmann::ordered_json result_json(const StageResult& r, int threads) {
@@ -193,20 +263,8 @@ nlohmann::ordered_json result_json(const StageResult& r, int threads) {
     j["gb_per_s"] = med > 0 ? r.bytes / med / 1e9 : 0.0;
   }
   if (!r.probe_gbps.empty() && r.bytes > 0) {
-    // Run i against the floor of its own moment: the faster of the probes just before and just after
-    // it (a short probe read in a momentary slowdown would otherwise flatter the run).
-    std::vector<double> bw = r.probe_gbps, ratio;
-    for (size_t i = 0; i < r.seconds.size() && i < bw.size(); ++i) {
-      const double b = i + 1 < bw.size() ? std::max(bw[i], bw[i + 1]) : bw[i];
-      ratio.push_back(r.seconds[i] * b * 1e9 / r.bytes);
-    }
-    auto median_of = [](std::vector<double> v) {
-      std::sort(v.begin(), v.end());
-      const size_t n = v.size();
-      return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-    };
-    j["mem_probe_gb_per_s"] = median_of(bw);
-    j["vs_floor"] = median_of(ratio);
+    j["mem_probe_gb_per_s"] = median_of(r.probe_gbps);
+    j["vs_floor"] = median_of(floor_ratios(r));
   }
   if (r.flops > 0) {
     j["flops"] = num(r.flops);
@@ -217,6 +275,39 @@ nlohmann::ordered_json result_json(const StageResult& r, int threads) {
   for (auto it = r.info.begin(); it != r.info.end(); ++it)
     if (!j.contains(it.key())) j[it.key()] = it.value();
   return j;
+}
+
+std::vector<nlohmann::ordered_json> result_jsons(const StageResult& r, int threads) {
+  if (!r.alternate || r.variant.size() != r.seconds.size()) return {result_json(r, threads)};
+  const Alternate& alt = *r.alternate;
+  const size_t nv = alt.values.size();
+  const std::vector<double> ratios = r.probe_gbps.empty() || r.bytes <= 0 ? std::vector<double>{} : floor_ratios(r);
+  std::vector<nlohmann::ordered_json> out;
+  for (size_t v = 0; v < nv; ++v) {
+    StageResult one = r;  // this value's runs, without the probes (vs_floor from the whole run's pairing)
+    one.alternate.reset();
+    one.variant.clear();
+    one.seconds.clear();
+    one.probe_gbps.clear();
+    std::vector<double> fl, rel;
+    for (size_t i = 0; i < r.seconds.size(); ++i) {
+      if (size_t(r.variant[i]) != v) continue;
+      one.seconds.push_back(r.seconds[i]);
+      if (i < ratios.size()) fl.push_back(ratios[i]);
+      // The same cycle's run of the first value: runs i - v .. i - v + nv - 1 form one cycle.
+      const size_t first = i - v;
+      if (size_t(r.variant[first]) == 0 && r.seconds[first] > 0) rel.push_back(r.seconds[i] / r.seconds[first]);
+    }
+    nlohmann::ordered_json j = result_json(one, threads);
+    j["alternate"] = fmt::format("{}={}", alt.name, alt.values[v]);
+    if (!fl.empty()) {
+      j["mem_probe_gb_per_s"] = median_of(r.probe_gbps);
+      j["vs_floor"] = median_of(fl);
+    }
+    j["ratio_to_first"] = median_of(rel);
+    out.push_back(std::move(j));
+  }
+  return out;
 }
 
 }  // namespace mm3::bench

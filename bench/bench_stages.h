@@ -43,12 +43,14 @@
 
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "core/thread_pool.h"
+#include "kernels/tuning.h"
 #include "model/checkpoint.h"
 
 namespace mm3::bench {
@@ -103,9 +105,20 @@ struct RegisterStage {
 
 // ---- the runner (bench_runner.cpp) ----
 
+// --alternate KNOB=A,B[,...]: run i of a stage runs with the same-bits kernel knob (kernels/tuning.h)
+// forced to values[i % n], so the forms are compared run by run inside one process.
+struct Alternate {
+  kern::tuning::Knob knob{};
+  std::string name;
+  std::vector<int> values;
+};
+// Parses "KNOB=A,B[,...]" (InvalidInput, saying what is wrong, for anything else).
+Alternate parse_alternate(std::string_view spec);
+
 struct RunOptions {
   int runs = 5;
   int warmup = 1;
+  std::optional<Alternate> alternate;
 };
 
 struct StageResult {
@@ -117,6 +130,8 @@ struct StageResult {
   double peak_rss_mb = 0;
   bool peak_rss_per_stage = false;  // true when the kernel let us reset the high-water mark first
   nlohmann::json info = nlohmann::json::object();
+  std::optional<Alternate> alternate;
+  std::vector<int> variant;  // with alternate: the index into alternate->values of each timed run
   double median() const;
   double min() const;
   double max() const;
@@ -133,5 +148,9 @@ StageResult run_stage(const Stage& s, const BenchContext& ctx, const RunOptions&
 // bytes + gb_per_s and flops + gflop_per_s when non-zero, mem_probe_gb_per_s + vs_floor for
 // memory_floor stages, peak_rss_mb (+ peak_rss_scope), info fields.
 nlohmann::ordered_json result_json(const StageResult& r, int threads);
+// With --alternate, one object per knob value (that value's runs; vs_floor against each run's own
+// probes), each with "alternate": "KNOB=V" and "ratio_to_first": the median over the cycles of this
+// value's run time ÷ the first value's in the same cycle. Otherwise {result_json(r)}.
+std::vector<nlohmann::ordered_json> result_jsons(const StageResult& r, int threads);
 
 }  // namespace mm3::bench

@@ -9,6 +9,8 @@
 
 #include "bench_stages.h"
 #include "core/aligned.h"
+#include "core/errors.h"
+#include "kernels/tuning.h"
 
 namespace mm3::bench {
 namespace {
@@ -49,7 +51,7 @@ TEST(BenchRunner, ProbesOnlyMemoryFloorStages) {
       run.bytes = 1e9;
       return run;
     };
-    const StageResult r = run_stage(s, ctx, RunOptions{3, 0});
+    const StageResult r = run_stage(s, ctx, RunOptions{3, 0, std::nullopt});
     EXPECT_EQ(r.seconds.size(), 3u);
     if (!floor) {
       EXPECT_TRUE(r.probe_gbps.empty());
@@ -58,6 +60,53 @@ TEST(BenchRunner, ProbesOnlyMemoryFloorStages) {
     ASSERT_EQ(r.probe_gbps.size(), 4u);  // before each run and after the last
     for (double g : r.probe_gbps) EXPECT_GT(g, 0.1) << "a 256 MiB read cannot take seconds";
   }
+}
+
+// --alternate: run i (warm-up runs too) sees the knob at values[i % n], every result object holds its
+// value's runs, ratio_to_first is the median over the cycles of each run ÷ the first value's run in
+// the same cycle, and the knob is back where it was after the stage. RED: the ratio of the two values'
+// medians (5 / 4 = 1.25 below) in place of the per-cycle median (1.5).
+TEST(BenchRunner, AlternateRunsEachValueInTurn) {
+  using kern::tuning::Knob;
+  const ThreadPool pool(1);
+  const BenchContext ctx(pool, "");
+  const int before = kern::tuning::forced(Knob::GemvRows);
+  std::vector<int> seen;
+  Stage s;
+  s.name = "alternate_test";
+  s.setup = [&seen](const BenchContext&) {
+    StageRun run;
+    run.run = [&seen] { seen.push_back(kern::tuning::forced(Knob::GemvRows)); };
+    return run;
+  };
+  RunOptions opt{6, 1, parse_alternate("gemv_rows=1,4")};
+  StageResult r = run_stage(s, ctx, opt);
+  EXPECT_EQ(seen, (std::vector<int>{1, 4, 1, 4, 1, 4, 1, 4})) << "2 warm-up runs (one per value), then 6 timed";
+  EXPECT_EQ(r.variant, (std::vector<int>{0, 1, 0, 1, 0, 1}));
+  EXPECT_EQ(kern::tuning::forced(Knob::GemvRows), before) << "the knob is restored after the stage";
+
+  // Cycles (value 1, value 4): (1, 3), (10, 5), (4, 6): per-cycle ratios 3, 0.5, 1.5.
+  r.seconds = {1, 3, 10, 5, 4, 6};
+  const auto js = result_jsons(r, 1);
+  ASSERT_EQ(js.size(), 2u);
+  EXPECT_EQ(js[0]["alternate"], "gemv_rows=1");
+  EXPECT_EQ(js[1]["alternate"], "gemv_rows=4");
+  EXPECT_EQ(js[0]["runs"], 3);
+  EXPECT_DOUBLE_EQ(js[0]["median_s"].get<double>(), 4.0);
+  EXPECT_DOUBLE_EQ(js[1]["median_s"].get<double>(), 5.0);
+  EXPECT_DOUBLE_EQ(js[0]["ratio_to_first"].get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(js[1]["ratio_to_first"].get<double>(), 1.5);
+}
+
+TEST(BenchRunner, AlternateRefusesWhatItCannotRun) {
+  EXPECT_THROW(parse_alternate("gemv_rows"), InvalidInput);      // no values
+  EXPECT_THROW(parse_alternate("gemv_rows=1"), InvalidInput);    // nothing to alternate with
+  EXPECT_THROW(parse_alternate("gemv_rows=1,x"), InvalidInput);  // not a number
+  EXPECT_THROW(parse_alternate("gemv_rows=1,2"), InvalidInput);  // a value the knob does not take
+  EXPECT_THROW(parse_alternate("no_such_knob=0,1"), InvalidInput);
+  const Alternate a = parse_alternate("quant_prefetch=0,1");
+  EXPECT_EQ(a.knob, kern::tuning::Knob::QuantPrefetch);
+  EXPECT_EQ(a.values, (std::vector<int>{0, 1}));
 }
 
 TEST(BenchRunner, StreamSumAddsWhatItReads) {

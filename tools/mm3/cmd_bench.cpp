@@ -21,6 +21,7 @@ struct BenchArgs {
   CLI::Option* full_opt = nullptr;
   int runs = 5, warmup = 1, threads = 0;
   std::vector<std::string> stage_filter;
+  std::string alternate;
   bool json_only = false, list = false;
 };
 
@@ -65,7 +66,13 @@ int run_bench(const BenchArgs& a) {
 
   ThreadPool pool(a.threads);
   bench::BenchContext ctx(pool, model);
-  bench::RunOptions opt{a.runs, a.warmup};
+  bench::RunOptions opt{a.runs, a.warmup, std::nullopt};
+  if (!a.alternate.empty()) {
+    opt.alternate = bench::parse_alternate(a.alternate);
+    if (a.runs < 2 * static_cast<int>(opt.alternate->values.size()))
+      throw InvalidInput(fmt::format("bench: --alternate {} needs --runs >= {} (two cycles); 20 or more tell 5% apart",
+                                     a.alternate, 2 * opt.alternate->values.size()));
+  }
   if (!a.json_only) {
     std::fprintf(stderr, "mm3 bench: %zu stage(s), %d run(s) each after %d warm-up, %d thread(s), model %s\n",
                  chosen.size(), a.runs, a.warmup, pool.size(), model.empty() ? "(none)" : model.c_str());
@@ -76,11 +83,16 @@ int run_bench(const BenchArgs& a) {
   for (const bench::Stage* s : chosen) {
     try {
       const bench::StageResult r = bench::run_stage(*s, ctx, opt);
-      auto j = bench::result_json(r, pool.size());
-      if (s->needs_model) j["model"] = model;
-      std::printf("%s\n", j.dump().c_str());
+      for (auto& j : bench::result_jsons(r, pool.size())) {
+        if (s->needs_model) j["model"] = model;
+        std::printf("%s\n", j.dump().c_str());
+        if (!a.json_only && j.contains("alternate"))
+          std::fprintf(stderr, "%-36s %s: median %.3f ms, %.3f x the first value's time (median of the cycles)\n",
+                       r.stage.c_str(), j["alternate"].get<std::string>().c_str(), j["median_s"].get<double>() * 1e3,
+                       j["ratio_to_first"].get<double>());
+      }
       std::fflush(stdout);
-      if (!a.json_only) print_table_row(r);
+      if (!a.json_only && !opt.alternate) print_table_row(r);
     } catch (const Cancelled&) {
       throw;
     } catch (const std::exception& e) {
@@ -108,6 +120,9 @@ RegisterCommand reg{
        sub.add_flag("--json", a->json_only, "JSON lines only (no table on stderr)");
        sub.add_flag("--list", a->list, "list the stages and exit");
        sub.add_option("-t,--threads", a->threads, "threads (default: all cores)");
+       sub.add_option("--alternate", a->alternate,
+                      "KNOB=A,B: run i of each stage with the kernel knob KNOB at the (i mod n)-th value, and report "
+                      "each value's runs apart (knobs: gemv_rows=1,4; quant_prefetch=0,1; src/kernels/tuning.h)");
        sub.footer(
            "Prints one JSON object per stage on stdout: stage, runs, median_s, min_s, max_s, mean_s, setup_s,\n"
            "threads, bytes + gb_per_s and flops + gflop_per_s where meaningful, peak_rss_mb (the stage's own\n"
@@ -116,9 +131,14 @@ RegisterCommand reg{
            "probe before each run and after the last, and report mem_probe_gb_per_s (median) and vs_floor:\n"
            "the median of run seconds x GB/s / bytes with the faster probe beside the run, i.e. each run\n"
            "against the memory floor of its own moment.\n"
+           "--alternate KNOB=A,B compares forms of a kernel that give the same bits inside one process, run\n"
+           "by run (a shared host's memory moves too much between processes to tell 5-10% apart): one\n"
+           "object per value, with \"alternate\" and \"ratio_to_first\" (the median over the cycles of its\n"
+           "run time / the first value's in the same cycle; below 1: faster).\n"
            "A stage that cannot run is reported on stderr without a number; the exit code is then 1.\n\n"
            "Examples:\n  mm3 bench --list\n  mm3 bench --stage mem_bandwidth --stage gemv_bf16_4096x12288_m2\n"
-           "  mm3 bench --full --json > bench.jsonl");
+           "  mm3 bench --full --json > bench.jsonl\n"
+           "  mm3 bench --full --stage ar_frame --runs 20 --alternate gemv_rows=1,4");
        return [a]() { return run_bench(*a); };
      },
      "time kernels and model stages; JSON lines with medians"}};

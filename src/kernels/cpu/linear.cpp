@@ -33,6 +33,7 @@
 #include "kernels/cpu/segments.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/kernels.h"
+#include "kernels/tuning.h"
 
 namespace mm3::kern {
 
@@ -276,13 +277,10 @@ gemv_rows_bf16(const uint16_t* xb, int64_t Kp, const uint16_t* w, int64_t K, int
 // Long rows were side by side under both rules: gemv_bf16_12288x4096_m2 (K = 12288) one row at a time
 // 11.2-12.5 GB/s on one thread, 23.7-24.1 on two, 4 side by side 19.9-21.0 and 31.8-38.5. A row's
 // operations do not depend on its neighbours: the same bits either way.
-// MM3_GEMV_ROWS=1 or 4 forces one order (read once; for comparing them on another CPU in one binary).
+// The knob gemv_rows (MM3_GEMV_ROWS=1 or 4; `mm3 bench --alternate gemv_rows=1,4`) forces one order.
 bool gemv_rows_side_by_side(int64_t M, int64_t Kp) {
-  static const int forced = [] {
-    const char* e = std::getenv("MM3_GEMV_ROWS");
-    return e && (std::string_view(e) == "1" || std::string_view(e) == "4") ? std::atoi(e) : 0;
-  }();
-  return forced ? forced == 4 : 2 * M * Kp > detail::cpu_l1d_bytes() / 4;
+  const int forced = tuning::forced(tuning::Knob::GemvRows);
+  return forced > 0 ? forced == 4 : 2 * M * Kp > detail::cpu_l1d_bytes() / 4;
 }
 
 template <int M, int SH>

@@ -16,14 +16,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
-#include <string_view>
 
 #include "core/errors.h"
 #include "kernels/cpu/gemm_nt.h"
 #include "kernels/cpu/segments.h"
 #include "kernels/cpu/simd.h"
+#include "kernels/tuning.h"
 
 namespace mm3::kern {
 
@@ -682,14 +681,11 @@ GemvFn pick_vnni_pf(int64_t M) {
 // per memory regime, probe 33 and 57 GB/s), depth_frame_int8 0.89. The q4 frames, whose body does more
 // work per byte, were no slower with them (ar_frame_q4 0.96 / 1.04 / 1.02 / 1.00, depth_frame_q4
 // 1.05 / 1.05), so q4 keeps them everywhere (twenty-seventh session, docs/performance-history.md).
-// MM3_QUANT_PREFETCH=0 or 1 forces the choice for both (read once; for comparing the two forms on
-// another CPU in one binary).
+// The knob quant_prefetch (MM3_QUANT_PREFETCH=0 or 1; `mm3 bench --alternate quant_prefetch=0,1`) forces
+// the choice for both types.
 bool vnni_prefetch(bool i8) {
-  static const int forced = [] {
-    const char* e = std::getenv("MM3_QUANT_PREFETCH");
-    return e && (std::string_view(e) == "0" || std::string_view(e) == "1") ? std::atoi(e) : -1;
-  }();
   static const bool zen4 = __builtin_cpu_is("amd") && __builtin_cpu_is("amdfam19h");
+  const int forced = tuning::forced(tuning::Knob::QuantPrefetch);
   return forced >= 0 ? forced == 1 : !(i8 && zen4);
 }
 

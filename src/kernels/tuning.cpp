@@ -1,0 +1,88 @@
+// tuning.cpp — the same-bits kernel knobs of tuning.h.
+#include "kernels/tuning.h"
+
+#include <atomic>
+#include <cstdlib>
+
+#include "core/errors.h"
+
+namespace mm3::kern::tuning {
+
+const std::vector<KnobInfo>& knobs() {
+  static const std::vector<KnobInfo> v = {
+      {Knob::GemvRows,
+       "gemv_rows",
+       "MM3_GEMV_ROWS",
+       {1, 4},
+       "bf16 decode GEMV: 1 = weight rows one after another, 4 = four side by side (linear.cpp)"},
+      {Knob::QuantPrefetch,
+       "quant_prefetch",
+       "MM3_QUANT_PREFETCH",
+       {0, 1},
+       "quantized decode GEMV (AVX512-VNNI): 0 = no software prefetches, 1 = prefetches (quant.cpp)"},
+  };
+  return v;
+}
+
+namespace {
+
+const KnobInfo& info(Knob k) {
+  for (const KnobInfo& i : knobs())
+    if (i.knob == k) return i;
+  throw InternalError("tuning: unknown knob");
+}
+
+bool accepts(const KnobInfo& i, int value) {
+  if (value == -1) return true;
+  for (int v : i.values)
+    if (v == value) return true;
+  return false;
+}
+
+std::string accepted(const KnobInfo& i) {
+  std::string s;
+  for (int v : i.values) s += (s.empty() ? "" : " or ") + std::to_string(v);
+  return s;
+}
+
+// One slot per knob, its first value from the environment (an unset or unrecognised value: -1).
+std::atomic<int>& slot(Knob k) {
+  static std::atomic<int> slots[2] = {-2, -2};
+  static_assert(sizeof(slots) / sizeof(slots[0]) == 2, "one slot per Knob");
+  std::atomic<int>& s = slots[static_cast<int>(k)];
+  if (s.load(std::memory_order_relaxed) == -2) {
+    const KnobInfo& i = info(k);
+    int v = -1;
+    if (const char* e = std::getenv(i.env); e && *e) {
+      char* end = nullptr;
+      const long l = std::strtol(e, &end, 10);
+      if (end && *end == '\0' && accepts(i, static_cast<int>(l))) v = static_cast<int>(l);
+    }
+    int expected = -2;
+    s.compare_exchange_strong(expected, v);
+  }
+  return s;
+}
+
+}  // namespace
+
+int forced(Knob k) { return slot(k).load(std::memory_order_relaxed); }
+
+void force(Knob k, int value) {
+  const KnobInfo& i = info(k);
+  if (!accepts(i, value))
+    throw InvalidInput(
+        fmt::format("tuning knob {} takes {} (or -1: the kernel's own choice), not {}", i.name, accepted(i), value));
+  slot(k).store(value, std::memory_order_relaxed);
+}
+
+Knob knob_from_name(std::string_view name) {
+  std::string names;
+  for (const KnobInfo& i : knobs()) {
+    if (name == i.name) return i.knob;
+    names += fmt::format("\n  {} ({}): {}", i.name, accepted(i), i.help);
+  }
+  throw InvalidInput(fmt::format("no tuning knob named '{}'; the knobs are:{}", name, names));
+}
+
+}  // namespace mm3::kern::tuning

@@ -1,0 +1,39 @@
+// tuning.h — choices between forms of a kernel that give the same bits and differ only in speed
+// (the order a GEMV reads its weight rows in, whether it issues software prefetches). Each kernel
+// makes its choice per CPU; a knob can force it, from the environment (read once, at first use) or at
+// run time, which is how `mm3 bench --alternate KNOB=A,B` compares two forms run by run inside one
+// process: on a shared host whose memory bandwidth moves by 2x within minutes, separate processes
+// (binaries or settings alternating) could not tell forms 5-10% apart; the twenty-sixth session's
+// measurements that way missed the int8 GEMV's 11-14% prefetch cost on Zen 4 (docs/performance-history.md,
+// twenty-seventh session).
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace mm3::kern::tuning {
+
+enum class Knob {
+  GemvRows,       // "gemv_rows": the bf16 / fp32 decode GEMV, 1 = rows one after another, 4 = 4 side by side
+  QuantPrefetch,  // "quant_prefetch": the quantized GEMV's VNNI bodies, 0 = no software prefetches, 1 = with
+};
+
+struct KnobInfo {
+  Knob knob;
+  const char* name;
+  const char* env;          // the environment variable that forces it
+  std::vector<int> values;  // the values it accepts (besides -1: the kernel's own choice)
+  const char* help;
+};
+const std::vector<KnobInfo>& knobs();
+
+// The forced value, or -1 where the kernel chooses (the environment variable, read at first use,
+// sets the initial value). Cheap: kernels read it once per call.
+int forced(Knob k);
+// Forces `k` to `value` (-1: back to the kernel's choice). InvalidInput for a value it does not take.
+void force(Knob k, int value);
+// The knob named `name` (InvalidInput, listing the knobs, for an unknown name).
+Knob knob_from_name(std::string_view name);
+
+}  // namespace mm3::kern::tuning
