@@ -20,6 +20,11 @@ const std::vector<KnobInfo>& knobs() {
        "MM3_QUANT_PREFETCH",
        {0, 1},
        "quantized decode GEMV (AVX512-VNNI): 0 = no software prefetches, 1 = prefetches (quant.cpp)"},
+      {Knob::GemvPrefetch,
+       "gemv_prefetch",
+       "MM3_GEMV_PREFETCH",
+       {0, 1},
+       "bf16 decode GEMV (AVX512-BF16): 0 = no software prefetch, 1 = PREFETCHT1 ahead of each row (linear.cpp)"},
   };
   return v;
 }
@@ -47,8 +52,8 @@ std::string accepted(const KnobInfo& i) {
 
 // One slot per knob, its first value from the environment (an unset or unrecognised value: -1).
 std::atomic<int>& slot(Knob k) {
-  static std::atomic<int> slots[2] = {-2, -2};
-  static_assert(sizeof(slots) / sizeof(slots[0]) == 2, "one slot per Knob");
+  static std::atomic<int> slots[3] = {-2, -2, -2};
+  static_assert(sizeof(slots) / sizeof(slots[0]) == 3, "one slot per Knob");
   std::atomic<int>& s = slots[static_cast<int>(k)];
   if (s.load(std::memory_order_relaxed) == -2) {
     const KnobInfo& i = info(k);

@@ -127,6 +127,8 @@ void blas_threads(const ThreadPool& pool) {
 // alone (chunk remainders) give the same bits, whatever the thread chunking.
 constexpr int kGemvNB = 4;
 constexpr int gemv_chains(int M) { return M <= 2 ? 2 : 1; }
+// The bf16 body's software prefetch distance (PREFETCHT1 ahead of each weight stream; gemv_bf16_prefetch).
+constexpr int64_t kGemvBf16PfBytes = 2048;
 
 template <int M, int NB, bool WB>
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) inline void gemv_rows_avx512(const float* x, int64_t ldx,
@@ -205,7 +207,7 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) void gemv_avx512(c
 // 1.14-1.34 aligned. The blocks, and so the sums and their order, are the same for every SH: same bits.
 // The aligned loads read up to 60 bytes before a row's start or after its end, always inside a cache
 // line that holds some of the row's bytes (so never a fault); address sanitizers are told so.
-template <int M, int NB, int SH>
+template <int M, int NB, int SH, bool PF>
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16"), no_sanitize_address)) inline void
 gemv_rows_bf16(const uint16_t* xb, int64_t Kp, const uint16_t* w, int64_t K, int64_t n, float* sums, int64_t N) {
   constexpr int C = gemv_chains(M);
@@ -234,6 +236,7 @@ gemv_rows_bf16(const uint16_t* xb, int64_t Kp, const uint16_t* w, int64_t K, int
       for (int m = 0; m < M; ++m) xv[m] = _mm512_loadu_si512(xb + m * Kp + off);
       for (int i = 0; i < NB; ++i) {
         const __m512i wv = wblock(i, off);
+        if constexpr (PF) __builtin_prefetch(w + (n + i) * K + off + kGemvBf16PfBytes / 2, 0, 2);
         for (int m = 0; m < M; ++m) acc[i][m][c] = _mm512_dpbf16_ps(acc[i][m][c], (__m512bh)xv[m], (__m512bh)wv);
       }
     }
@@ -278,34 +281,49 @@ gemv_rows_bf16(const uint16_t* xb, int64_t Kp, const uint16_t* w, int64_t K, int
 // 11.2-12.5 GB/s on one thread, 23.7-24.1 on two, 4 side by side 19.9-21.0 and 31.8-38.5. A row's
 // operations do not depend on its neighbours: the same bits either way.
 // The knob gemv_rows (MM3_GEMV_ROWS=1 or 4; `mm3 bench --alternate gemv_rows=1,4`) forces one order.
+// Whether the bf16 body prefetches (PREFETCHT1: into L2, kGemvBf16PfBytes ahead of each weight row's
+// stream). On 2 Zen 4 cores (AMD family 19h; twenty-seventh session, `mm3 bench --alternate
+// gemv_prefetch=0,1`, 20-40 runs, memory probe 30-34 GB/s) with ÷ without: ar_frame 0.924 / 0.927,
+// depth_frame 0.931, lm_step 0.941, gemv_bf16_4096x12288_m2 0.92. In a scratch copy of the 4-row body
+// (one process, forms alternating) T1 at 2 KiB read 27.7 vs 25.5 GB/s on two threads, 4 and 8 KiB a
+// little less, and the NTA hint was slower than none (23.4). Elsewhere it is off: on Zen 5 an NTA
+// prefetch 1 KiB ahead had moved ar_frame by nothing (quant.cpp, kVnniPfBytes), and T1 was not measured.
+// The knob gemv_prefetch (MM3_GEMV_PREFETCH=0 or 1) forces it. A prefetch changes no value.
+bool gemv_bf16_prefetch() {
+  static const bool zen4 = __builtin_cpu_is("amd") && __builtin_cpu_is("amdfam19h");
+  const int forced = tuning::forced(tuning::Knob::GemvPrefetch);
+  return forced >= 0 ? forced == 1 : zen4;
+}
+
 bool gemv_rows_side_by_side(int64_t M, int64_t Kp) {
   const int forced = tuning::forced(tuning::Knob::GemvRows);
   return forced > 0 ? forced == 4 : 2 * M * Kp > detail::cpu_l1d_bytes() / 4;
 }
 
-template <int M, int SH>
+template <int M, int SH, bool PF>
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16"), no_sanitize_address)) void gemv_bf16_span(
     const uint16_t* xb, int64_t Kp, const uint16_t* w, int64_t K, int64_t n0, int64_t n1, float* sums, int64_t N) {
   int64_t n = n0;
   if (gemv_rows_side_by_side(M, Kp))
-    for (; n + kGemvNB <= n1; n += kGemvNB) gemv_rows_bf16<M, kGemvNB, SH>(xb, Kp, w, K, n, sums, N);
-  for (; n < n1; ++n) gemv_rows_bf16<M, 1, SH>(xb, Kp, w, K, n, sums, N);
+    for (; n + kGemvNB <= n1; n += kGemvNB) gemv_rows_bf16<M, kGemvNB, SH, PF>(xb, Kp, w, K, n, sums, N);
+  for (; n < n1; ++n) gemv_rows_bf16<M, 1, SH, PF>(xb, Kp, w, K, n, sums, N);
 }
 
 // The line-aligned loads need every row to start at the same offset within a line (K a multiple of
 // 32) and that offset to be whole 4-byte units; other weights take the straddling loads (SH 0).
 using GemvBf16SpanFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, int64_t, float*, int64_t);
-template <int M, size_t... SH>
+template <int M, bool PF, size_t... SH>
 constexpr std::array<GemvBf16SpanFn, sizeof...(SH)> gemv_bf16_spans(std::index_sequence<SH...>) {
-  return {gemv_bf16_span<M, static_cast<int>(SH)>...};
+  return {gemv_bf16_span<M, static_cast<int>(SH), PF>...};
 }
 
 template <int M>
 void gemv_avx512bf16(const uint16_t* xb, int64_t Kp, const uint16_t* w, int64_t K, int64_t n0, int64_t n1, float* sums,
                      int64_t N) {
-  static constexpr auto spans = gemv_bf16_spans<M>(std::make_index_sequence<16>{});
+  static constexpr auto spans = gemv_bf16_spans<M, false>(std::make_index_sequence<16>{});
+  static constexpr auto spans_pf = gemv_bf16_spans<M, true>(std::make_index_sequence<16>{});
   const auto at = reinterpret_cast<uintptr_t>(w) % 64;
-  spans[K % 32 == 0 && at % 4 == 0 ? at / 4 : 0](xb, Kp, w, K, n0, n1, sums, N);
+  (gemv_bf16_prefetch() ? spans_pf : spans)[K % 32 == 0 && at % 4 == 0 ? at / 4 : 0](xb, Kp, w, K, n0, n1, sums, N);
 }
 
 constexpr int64_t kGemvPfBytes = 1024;
