@@ -674,13 +674,14 @@ GemvFn pick_vnni_pf(int64_t M) {
   }
 }
 
-// Whether the VNNI bodies issue the software prefetches above (codes and scales). They were measured
-// on Zen 5 (+17%, the int8 and q4 frames) and cost Zen 4 (AMD family 19h, the only one of its cores
-// with AVX512-VNNI) 11-14% of the int8 frames: ar_frame_int8 in one process, the two forms alternating
-// run by run, 20-30 runs a pair of sets, without ÷ with 0.86 / 0.90 / 0.88 (median of pairs; one set
-// per memory regime, probe 33 and 57 GB/s), depth_frame_int8 0.89. The q4 frames, whose body does more
-// work per byte, were no slower with them (ar_frame_q4 0.96 / 1.04 / 1.02 / 1.00, depth_frame_q4
-// 1.05 / 1.05), so q4 keeps them everywhere (twenty-seventh session, docs/performance-history.md).
+// Whether the VNNI bodies issue the software prefetches above (codes and scales). On Zen 5 they took
+// ar_frame_int8 0.298 -> 0.249 s and ar_frame_q4 0.275 -> 0.259 s (above); on Zen 4 (AMD family 19h,
+// the only one of its cores with AVX512-VNNI) they cost the int8 frames 11-14%: ar_frame_int8 in one
+// process, the two forms alternating run by run (20-30 runs a set), without ÷ with 0.86 / 0.90 / 0.88
+// (the median of the cycles' ratios; memory probe ~33 / ~57 / ~33 GB/s), depth_frame_int8 0.89. The q4 frames, whose
+// body does more work per byte, were no slower with them (with ÷ without: ar_frame_q4 0.96 / 1.04 / 1.02 / 1.00,
+// depth_frame_q4 0.95 / 0.95), so q4 keeps them everywhere (twenty-seventh session,
+// docs/performance-history.md).
 // The knob quant_prefetch (MM3_QUANT_PREFETCH=0 or 1; `mm3 bench --alternate quant_prefetch=0,1`) forces
 // the choice for both types.
 bool vnni_prefetch(bool i8) {
