@@ -18,8 +18,9 @@ const std::vector<KnobInfo>& knobs() {
       {Knob::QuantPrefetch,
        "quant_prefetch",
        "MM3_QUANT_PREFETCH",
-       {0, 1},
-       "quantized decode GEMV (AVX512-VNNI): 0 = no software prefetches, 1 = prefetches (quant.cpp)"},
+       {0, 1, 2},
+       "quantized decode GEMV (AVX512-VNNI): 0 = no software prefetches, 1 = PREFETCHNTA, 2 = PREFETCHT1 "
+       "(quant.cpp)"},
       {Knob::GemvPrefetch,
        "gemv_prefetch",
        "MM3_GEMV_PREFETCH",

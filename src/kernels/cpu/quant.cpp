@@ -514,20 +514,18 @@ MM3_Q_TARGET inline float lane_tree_v(__m512 acc) {
   return _mm_cvtss_f32(_mm_add_ss(t2, _mm_movehdup_ps(t2)));              // t2_0 + t2_1
 }
 
-// The VNNI bodies fetch kVnniPfBytes ahead of each weight stream (non-temporal hint), one line per
-// 64-byte load. A [N, 4096] int8 row is one 4 KiB page, and the hardware prefetchers stop at page
-// ends, so each row began with demand misses (perf: ~30% of the body's samples on the first load after
-// a 512-byte step). Measured on Zen 5 (2 threads), A/B interleaved run by run in one process, 20 runs
-// each: ar_frame_int8 0.298 -> 0.249 s, ar_frame_q4 0.275 -> 0.259 s; gemv_int8_4096x12288_m2 +17% in
-// 8 of 8 process pairs, q4 +8%. The same prefetch in the bf16 GEMV (rows 8 KiB, 4 side by side) moved
-// ar_frame by nothing (0.437 / 0.445 s), so that path has none. A prefetch changes no value and never
-// faults, so it may run past the end.
-// The distance was 1024 bytes until the activations sat on cache lines (core/aligned.h); since then
-// the body is fast enough that 1 KiB (~30 ns of a core's compute) no longer covers memory's latency.
-// ar_frame in one process, Zen 5, 15 runs per setting interleaved: q4 1024 / 2048 / 4096 / 6144 / 8192
-// bytes 238.7 / 217.9 / 220.8 / 218.3 / 214.6 ms; int8 1024 / 4096 / 8192: 302.9 / 282.5 / 285.8 ms.
-// The scales row (a separate stream, 1/4 of the q4 bytes) gets its own prefetch kVnniScPfBytes ahead:
-// q4 222.1 -> 209.7 ms (int8 282.5 -> 279.3, within the noise).
+// The VNNI bodies fetch kVnniPfBytes ahead of each weight stream (non-temporal hint; T1 or none on
+// Zen 4, vnni_prefetch below), one line per 64-byte load. A [N, 4096] int8 row is one 4 KiB page, and the hardware
+// prefetchers stop at page ends, so each row began with demand misses (perf: ~30% of the body's samples on the first
+// load after a 512-byte step). Measured on Zen 5 (2 threads), A/B interleaved run by run in one process, 20 runs each:
+// ar_frame_int8 0.298 -> 0.249 s, ar_frame_q4 0.275 -> 0.259 s; gemv_int8_4096x12288_m2 +17% in 8 of 8 process pairs,
+// q4 +8%. The same prefetch in the bf16 GEMV (rows 8 KiB, 4 side by side) moved ar_frame by nothing (0.437 / 0.445 s),
+// so that path has none. A prefetch changes no value and never faults, so it may run past the end. The distance was
+// 1024 bytes until the activations sat on cache lines (core/aligned.h); since then the body is fast enough that 1 KiB
+// (~30 ns of a core's compute) no longer covers memory's latency. ar_frame in one process, Zen 5, 15 runs per setting
+// interleaved: q4 1024 / 2048 / 4096 / 6144 / 8192 bytes 238.7 / 217.9 / 220.8 / 218.3 / 214.6 ms; int8 1024 / 4096 /
+// 8192: 302.9 / 282.5 / 285.8 ms. The scales row (a separate stream, 1/4 of the q4 bytes) gets its own prefetch
+// kVnniScPfBytes ahead: q4 222.1 -> 209.7 ms (int8 282.5 -> 279.3, within the noise).
 constexpr int64_t kVnniPfBytes = 4096;
 constexpr int64_t kVnniScPfBytes = 2048;
 
@@ -547,7 +545,7 @@ constexpr int64_t kVnniScPfBytes = 2048;
 // GB/s); in L2 (compute alone) no difference (int8 ~48, q4 ~29 GB/s a core). Binaries alternating x3:
 // ar_frame_int8 502 / 499 / 475 -> 424 / 451 / 357 ms, ar_frame_q4 271 / 316 / 266 -> 259 / 237 / 212 ms,
 // depth_frame_q4 100 / 108 / 114 -> 85 / 82 / 87 ms.
-template <int M, bool I8, int NB, bool PF>
+template <int M, bool I8, int NB, int PF>
 MM3_Q_TARGET inline void superblock_vnni(const QuantActs& a, const uint8_t* const (&qr)[NB],
                                          const uint16_t* const (&sc)[NB], int64_t s, int64_t nblk,
                                          __m512 (&acc)[NB][M]) {
@@ -572,7 +570,7 @@ MM3_Q_TARGET inline void superblock_vnni(const QuantActs& a, const uint8_t* cons
 #pragma GCC unroll 16
       for (int r = 0; r < NB; ++r) {
         const __m512i wv = _mm512_loadu_si512(qr[r] + s * kQuantSuper + 64 * v);
-        if constexpr (PF) __builtin_prefetch(qr[r] + s * kQuantSuper + 64 * v + kVnniPfBytes, 0, 0);
+        if constexpr (PF > 0) __builtin_prefetch(qr[r] + s * kQuantSuper + 64 * v + kVnniPfBytes, 0, PF == 2 ? 2 : 0);
 #pragma GCC unroll 16
         for (int m = 0; m < M; ++m) isum[r][m][v % C] = _mm512_dpbusd_epi32(isum[r][m][v % C], wv, xv[m]);
       }
@@ -589,7 +587,8 @@ MM3_Q_TARGET inline void superblock_vnni(const QuantActs& a, const uint8_t* cons
 #pragma GCC unroll 16
       for (int r = 0; r < NB; ++r) {
         const __m512i b = _mm512_loadu_si512(qr[r] + s * (kQuantSuper / 2) + 64 * c);
-        if constexpr (PF) __builtin_prefetch(qr[r] + s * (kQuantSuper / 2) + 64 * c + kVnniPfBytes, 0, 0);
+        if constexpr (PF > 0)
+          __builtin_prefetch(qr[r] + s * (kQuantSuper / 2) + 64 * c + kVnniPfBytes, 0, PF == 2 ? 2 : 0);
         const __m512i wl = _mm512_and_si512(b, lo4), wh = _mm512_and_si512(_mm512_srli_epi16(b, 4), lo4);
 #pragma GCC unroll 16
         for (int m = 0; m < M; ++m) {
@@ -601,8 +600,9 @@ MM3_Q_TARGET inline void superblock_vnni(const QuantActs& a, const uint8_t* cons
   }
 #pragma GCC unroll 16
   for (int r = 0; r < NB; ++r) {
-    if constexpr (PF)
-      __builtin_prefetch(reinterpret_cast<const char*>(sc[r] + (I8 ? 16 : 32) * s) + kVnniScPfBytes, 0, 0);
+    if constexpr (PF > 0)
+      __builtin_prefetch(reinterpret_cast<const char*>(sc[r] + (I8 ? 16 : 32) * s) + kVnniScPfBytes, 0,
+                         PF == 2 ? 2 : 0);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[r] + (I8 ? 16 : 32) * s)));
     __m512 mn = _mm512_setzero_ps();
     if constexpr (!I8) mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[r] + 32 * s + 16)));
@@ -620,7 +620,7 @@ MM3_Q_TARGET inline void superblock_vnni(const QuantActs& a, const uint8_t* cons
 }
 
 // NB rows n..n+NB-1 over all superblocks.
-template <int M, bool I8, int NB, bool PF>
+template <int M, bool I8, int NB, int PF>
 MM3_Q_TARGET inline void rows_vnni(const QuantActs& a, const QuantMatrix& w, int64_t n, const GemvOut& out) {
   const int64_t S = w.superblocks(), nblk = a.Kp / kQuantBlock;
   const uint8_t* qr[NB];
@@ -650,7 +650,7 @@ MM3_Q_TARGET inline void rows_vnni(const QuantActs& a, const QuantMatrix& w, int
 // ar_frame_q4 in one process (15 frames each, alternating, same bits) 170.9 / 170.0 / 170.6 -> 165.8 /
 // 163.6 / 164.8 ms, ar_frame_int8 274.1 -> 273.7 ms. With M > 2 the 4-row body would not fit the
 // registers. The choice changes no bit (each output's sums run in the same order either way).
-template <int M, bool I8, bool PF>
+template <int M, bool I8, int PF>
 MM3_Q_TARGET void gemv_vnni(const QuantActs& a, const QuantMatrix& w, int64_t n0, int64_t n1, const GemvOut& out) {
   int64_t n = n0;
   if (M <= 2 && 2 * M * w.padded_cols() > cpu_l1d_bytes())
@@ -660,7 +660,7 @@ MM3_Q_TARGET void gemv_vnni(const QuantActs& a, const QuantMatrix& w, int64_t n0
 
 using GemvFn = void (*)(const QuantActs&, const QuantMatrix&, int64_t, int64_t, const GemvOut&);
 
-template <bool I8, bool PF>
+template <bool I8, int PF>
 GemvFn pick_vnni_pf(int64_t M) {
   switch (M) {
     case 1:
@@ -674,25 +674,34 @@ GemvFn pick_vnni_pf(int64_t M) {
   }
 }
 
-// Whether the VNNI bodies issue the software prefetches above (codes and scales). On Zen 5 they took
-// ar_frame_int8 0.298 -> 0.249 s and ar_frame_q4 0.275 -> 0.259 s (above); on Zen 4 (AMD family 19h,
-// the only one of its cores with AVX512-VNNI) they cost the int8 frames 11-14%: ar_frame_int8 in one
-// process, the two forms alternating run by run (20-30 runs a set), without ÷ with 0.86 / 0.90 / 0.88
-// (the median of the cycles' ratios; memory probe ~33 / ~57 / ~33 GB/s), depth_frame_int8 0.89. The q4 frames, whose
-// body does more work per byte, were no slower with them (with ÷ without: ar_frame_q4 0.96 / 1.04 / 1.02 / 1.00,
-// depth_frame_q4 0.95 / 0.95), so q4 keeps them everywhere (twenty-seventh session,
-// docs/performance-history.md).
-// The knob quant_prefetch (MM3_QUANT_PREFETCH=0 or 1; `mm3 bench --alternate quant_prefetch=0,1`) forces
-// the choice for both types.
-bool vnni_prefetch(bool i8) {
+// Which software prefetches the VNNI bodies issue (codes and scales): 0 none, 1 PREFETCHNTA (the
+// distances above), 2 PREFETCHT1 (into L2; same distances). On Zen 5 NTA took ar_frame_int8 0.298 ->
+// 0.249 s and ar_frame_q4 0.275 -> 0.259 s (above). On Zen 4 (AMD family 19h, the only one of its cores
+// with AVX512-VNNI), measured inside one process with the forms alternating run by run (20-30 runs a
+// set; twenty-seventh session, docs/performance-history.md): NTA cost the int8 frames 11-14%
+// (ar_frame_int8 without ÷ with 0.86 / 0.90 / 0.88 / 0.82, memory probe ~33 / ~57 / ~33 / ~40 GB/s;
+// depth_frame_int8 0.89), T1 against none 1.00 / 1.04 there and 0.91 in depth_frame_int8, so int8 runs
+// without. The q4 frames gained from T1: T1 ÷ NTA ar_frame_q4 0.81 / 0.89, depth_frame_q4 0.64, and
+// T1 ÷ none 0.78 (NTA against none was even: 0.96-1.04). The knob quant_prefetch
+// (MM3_QUANT_PREFETCH=0, 1 or 2; `mm3 bench --alternate quant_prefetch=0,1,2`) forces one form
+// for both types.
+int vnni_prefetch(bool i8) {
   static const bool zen4 = __builtin_cpu_is("amd") && __builtin_cpu_is("amdfam19h");
   const int forced = tuning::forced(tuning::Knob::QuantPrefetch);
-  return forced >= 0 ? forced == 1 : !(i8 && zen4);
+  if (forced >= 0) return forced;
+  return zen4 ? (i8 ? 0 : 2) : 1;
 }
 
 template <bool I8>
 GemvFn pick_vnni(int64_t M) {
-  return vnni_prefetch(I8) ? pick_vnni_pf<I8, true>(M) : pick_vnni_pf<I8, false>(M);
+  switch (vnni_prefetch(I8)) {
+    case 0:
+      return pick_vnni_pf<I8, 0>(M);
+    case 2:
+      return pick_vnni_pf<I8, 2>(M);
+    default:
+      return pick_vnni_pf<I8, 1>(M);
+  }
 }
 
 bool cpu_has_vnni() { return cpu_has_avx512vnni(); }
