@@ -266,21 +266,6 @@ gemv_rows_bf16(const uint16_t* xb, int64_t Kp, const uint16_t* w, int64_t K, int
     }
 }
 
-// Rows one after another, each read front to back, unless the M bf16 rows of x (M · Kp · 2 bytes)
-// outgrow a quarter of the L1D: then NB rows side by side, which load each x vector once for NB
-// weight rows. (The quantized GEMV's threshold is half the L1D, quant.cpp; its x is a byte a value.)
-// Twenty-sixth session: one row at a time below half the L1D, from binaries alternating x3 on 2 Zen 4
-// cores (gemv_bf16_4096x{12288,4096,6144}_m2 17.4-18.9 -> 18.0-22.7 GB/s one thread, 24.6-30.4 ->
-// 32.1-35.0 two; lm_step 465 / 409 / 449 -> 454 / 361 / 413 ms). The twenty-seventh, on the same
-// machine, compared the two orders inside one process, alternating run by run (20-40 runs, the median
-// of the pairs' ratios), and found the opposite at K = 4096, M = 2 (2 x 8 KiB of x): 4 side by side ÷
-// one at a time ar_frame 0.905 / 0.937 / 0.819 (three sets), depth_frame 0.898,
-// gemv_bf16_4096x12288_m2 0.945; in a scratch copy of the body one core streamed 8 KiB rows at ~11-19
-// GB/s with 16 KiB of x and ~19-20 with the same loads from 8 KiB (docs/performance-history.md).
-// Long rows were side by side under both rules: gemv_bf16_12288x4096_m2 (K = 12288) one row at a time
-// 11.2-12.5 GB/s on one thread, 23.7-24.1 on two, 4 side by side 19.9-21.0 and 31.8-38.5. A row's
-// operations do not depend on its neighbours: the same bits either way.
-// The knob gemv_rows (MM3_GEMV_ROWS=1 or 4; `mm3 bench --alternate gemv_rows=1,4`) forces one order.
 // Whether the bf16 body prefetches (PREFETCHT1: into L2, kGemvBf16PfBytes ahead of each weight row's
 // stream). On 2 Zen 4 cores (AMD family 19h; twenty-seventh session, `mm3 bench --alternate
 // gemv_prefetch=0,1`, 20-40 runs, memory probe 30-34 GB/s) with ÷ without: ar_frame 0.924 / 0.927,
@@ -295,6 +280,23 @@ bool gemv_bf16_prefetch() {
   return forced >= 0 ? forced == 1 : zen4;
 }
 
+// Rows one after another, each read front to back, unless the M bf16 rows of x (M · Kp · 2 bytes)
+// outgrow a quarter of the L1D: then NB rows side by side, which load each x vector once for NB
+// weight rows. (The quantized GEMV's threshold is half the L1D, quant.cpp; its x is a byte a value.)
+// Twenty-sixth session: one row at a time below half the L1D, from binaries alternating x3 on 2 Zen 4
+// cores (gemv_bf16_4096x{12288,4096,6144}_m2 17.4-18.9 -> 18.0-22.7 GB/s one thread, 24.6-30.4 ->
+// 32.1-35.0 two; lm_step 465 / 409 / 449 -> 454 / 361 / 413 ms). The twenty-seventh, on the same
+// machine, compared the two orders inside one process, alternating run by run (20-40 runs, the median
+// of the pairs' ratios), and found the opposite at K = 4096, M = 2 (2 x 8 KiB of x): 4 side by side ÷
+// one at a time ar_frame 0.905 / 0.937 / 0.819 / 0.985 / 0.869 / 0.92 (six sets), depth_frame 0.898 /
+// 0.963, lm_step 0.851; the aligned stage gemv_bf16_4096x12288_m2 disagreed (0.945, 1.20, 1.10), but
+// the model's weights sit 16 or 48 bytes past a line (the line-pair loads above). In a scratch copy of
+// the body one core streamed 8 KiB rows at ~11-19 GB/s with 16 KiB of x and ~19-20 with the same loads
+// from 8 KiB (docs/performance-history.md).
+// Long rows were side by side under both rules: gemv_bf16_12288x4096_m2 (K = 12288) one row at a time
+// 11.2-12.5 GB/s on one thread, 23.7-24.1 on two, 4 side by side 19.9-21.0 and 31.8-38.5. A row's
+// operations do not depend on its neighbours: the same bits either way.
+// The knob gemv_rows (MM3_GEMV_ROWS=1 or 4; `mm3 bench --alternate gemv_rows=1,4`) forces one order.
 bool gemv_rows_side_by_side(int64_t M, int64_t Kp) {
   const int forced = tuning::forced(tuning::Knob::GemvRows);
   return forced > 0 ? forced == 4 : 2 * M * Kp > detail::cpu_l1d_bytes() / 4;

@@ -514,18 +514,21 @@ MM3_Q_TARGET inline float lane_tree_v(__m512 acc) {
   return _mm_cvtss_f32(_mm_add_ss(t2, _mm_movehdup_ps(t2)));              // t2_0 + t2_1
 }
 
-// The VNNI bodies fetch kVnniPfBytes ahead of each weight stream (non-temporal hint; T1 or none on
-// Zen 4, vnni_prefetch below), one line per 64-byte load. A [N, 4096] int8 row is one 4 KiB page, and the hardware
-// prefetchers stop at page ends, so each row began with demand misses (perf: ~30% of the body's samples on the first
-// load after a 512-byte step). Measured on Zen 5 (2 threads), A/B interleaved run by run in one process, 20 runs each:
-// ar_frame_int8 0.298 -> 0.249 s, ar_frame_q4 0.275 -> 0.259 s; gemv_int8_4096x12288_m2 +17% in 8 of 8 process pairs,
-// q4 +8%. The same prefetch in the bf16 GEMV (rows 8 KiB, 4 side by side) moved ar_frame by nothing (0.437 / 0.445 s),
-// so that path has none. A prefetch changes no value and never faults, so it may run past the end. The distance was
-// 1024 bytes until the activations sat on cache lines (core/aligned.h); since then the body is fast enough that 1 KiB
-// (~30 ns of a core's compute) no longer covers memory's latency. ar_frame in one process, Zen 5, 15 runs per setting
-// interleaved: q4 1024 / 2048 / 4096 / 6144 / 8192 bytes 238.7 / 217.9 / 220.8 / 218.3 / 214.6 ms; int8 1024 / 4096 /
-// 8192: 302.9 / 282.5 / 285.8 ms. The scales row (a separate stream, 1/4 of the q4 bytes) gets its own prefetch
-// kVnniScPfBytes ahead: q4 222.1 -> 209.7 ms (int8 282.5 -> 279.3, within the noise).
+// The VNNI bodies fetch kVnniPfBytes ahead of each weight stream (non-temporal hint; T1 or none on Zen 4,
+// vnni_prefetch below), one line per 64-byte load. A [N, 4096] int8 row is one 4 KiB page, and the hardware
+// prefetchers stop at page ends, so each row began with demand misses (perf: ~30% of the body's samples on
+// the first load after a 512-byte step). Measured on Zen 5 (2 threads), A/B interleaved run by run in one
+// process, 20 runs each: ar_frame_int8 0.298 -> 0.249 s, ar_frame_q4 0.275 -> 0.259 s;
+// gemv_int8_4096x12288_m2 +17% in 8 of 8 process pairs, q4 +8%. The same prefetch in the bf16 GEMV
+// (rows 8 KiB, 4 side by side) moved ar_frame by nothing (0.437 / 0.445 s), so that path has none on
+// Zen 5 (linear.cpp: Zen 4's takes PREFETCHT1). A prefetch changes no value and never faults, so it may
+// run past the end.
+// The distance was 1024 bytes until the activations sat on cache lines (core/aligned.h); since then the body
+// is fast enough that 1 KiB (~30 ns of a core's compute) no longer covers memory's latency. ar_frame in one
+// process, Zen 5, 15 runs per setting interleaved: q4 1024 / 2048 / 4096 / 6144 / 8192 bytes 238.7 / 217.9 /
+// 220.8 / 218.3 / 214.6 ms; int8 1024 / 4096 / 8192: 302.9 / 282.5 / 285.8 ms. The scales row (a separate
+// stream, 1/4 of the q4 bytes) gets its own prefetch kVnniScPfBytes ahead: q4 222.1 -> 209.7 ms (int8
+// 282.5 -> 279.3, within the noise).
 constexpr int64_t kVnniPfBytes = 4096;
 constexpr int64_t kVnniScPfBytes = 2048;
 
