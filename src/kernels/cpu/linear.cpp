@@ -289,9 +289,10 @@ bool gemv_bf16_prefetch() {
 // machine, compared the two orders inside one process, alternating run by run (20-40 runs, the median
 // of the pairs' ratios), and found the opposite at K = 4096, M = 2 (2 x 8 KiB of x): 4 side by side ÷
 // one at a time ar_frame 0.905 / 0.937 / 0.819 / 0.985 / 0.869 / 0.92 (six sets), depth_frame 0.898 /
-// 0.963, lm_step 0.851; the aligned stage gemv_bf16_4096x12288_m2 disagreed (0.945, 1.20, 1.10), but
-// the model's weights sit 16 or 48 bytes past a line (the line-pair loads above). In a scratch copy of
-// the body one core streamed 8 KiB rows at ~11-19 GB/s with 16 KiB of x and ~19-20 with the same loads
+// 0.963, lm_step 0.851; the stage gemv_bf16_4096x12288_m2 disagreed (0.945, 1.20, 1.10) on two threads,
+// agreed on one (0.924, twenty-eighth session). Its weights and the model's sit on cache lines alike
+// (the model's are resident copies: perf shows ar_frame in the SH = 0 body). In a scratch copy of the
+// body one core streamed 8 KiB rows at ~11-19 GB/s with 16 KiB of x and ~19-20 with the same loads
 // from 8 KiB (docs/performance-history.md).
 // Long rows were side by side under both rules: gemv_bf16_12288x4096_m2 (K = 12288) one row at a time
 // 11.2-12.5 GB/s on one thread, 23.7-24.1 on two, 4 side by side 19.9-21.0 and 31.8-38.5. A row's
