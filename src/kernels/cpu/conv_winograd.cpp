@@ -16,8 +16,9 @@
 // task's (Snake'd, zero-padded) input deinterleaved by runs of d: H_r[b'·d + j] =
 // x[4d(b0 + b') + r·d + j − 3d]. So every input transform is a sum of shifted contiguous rows.
 //
-// Work split: a task is a run of blocks, taken by whichever thread is free; it builds its H rows (all
-// input channels), then goes through its tiles in strips of 64 (the direct kernel's register tile
+// Work split: a task is a run of whole 64-tile strips (task_tiles), taken by whichever thread is free;
+// it builds its H rows (all input channels, from the block of its first tile), then goes through its
+// tiles in strips of 64 (the direct kernel's register tile
 // width): U_p of the strip for every point, then V_p (conv_detail.h conv_onetap_strip: the direct
 // kernel's one-tap register tile, 6 channels × 64 tiles), then the output transform of the strip into
 // y. One synchronisation per call.
@@ -160,13 +161,15 @@ bool winograd_enabled() {
   return on;
 }
 
-// Blocks (of 4d outputs) per task: the task's H rows (4·Cin floats per tile) about kTaskBytes, and at
-// least 4 tasks per thread where the layer is long enough (balance on a shared host).
-int64_t task_blocks(int64_t Cin, int64_t d, int64_t nblocks, int workers) {
-  const int64_t tiles = std::clamp<int64_t>(kTaskBytes / (4 * kM * Cin), 64, 4096);
-  const int64_t by_size = std::max<int64_t>(1, tiles / d);
-  const int64_t by_balance = std::max<int64_t>(1, (nblocks + 4 * workers - 1) / (4 * workers));
-  return std::min(by_size, std::max<int64_t>(by_balance, std::max<int64_t>(1, 64 / d)));
+// Tiles per task: a whole number of 64-tile strips (only a layer's last task ends in a partial strip,
+// which the products run at the tiles' generic path and pay for all 64 columns), the task's H rows
+// (4·Cin floats per tile) about kTaskBytes, and at least 4 tasks per thread where the layer is long
+// enough (balance on a shared host).
+int64_t task_tiles(int64_t Cin, int64_t ntiles, int workers) {
+  const int64_t by_size = std::clamp<int64_t>(kTaskBytes / (4 * kM * Cin), kStrip, 4096);
+  const int64_t by_balance = (ntiles + 4 * workers - 1) / (4 * workers);
+  const int64_t t = std::min(by_size, std::max(by_balance, kStrip));
+  return std::max<int64_t>(1, (t + kStrip / 2) / kStrip) * kStrip;  // nearest whole strips
 }
 
 }  // namespace
@@ -200,32 +203,35 @@ void winograd_run(const ThreadPool& pool, const ConvWeight& cw, const float* x, 
   const WinoForm& f = *static_cast<const WinoForm*>(cw.winograd.get());
   constexpr int m = kM, np = kPts, qmax = (np - 1) / m;
   const int64_t Cin = cw.in_channels(), Cout = cw.out_channels();
-  const int64_t D = cw.dilation(), MD = m * D, nblocks = (L + MD - 1) / MD;
-  const int64_t bpt = task_blocks(Cin, D, nblocks, pool.size());
-  const int64_t n_tasks = (nblocks + bpt - 1) / bpt;
+  const int64_t D = cw.dilation(), MD = m * D, nblocks = (L + MD - 1) / MD, ntiles = nblocks * D;
+  const int64_t tpt = task_tiles(Cin, ntiles, pool.size());
+  const int64_t n_tasks = (ntiles + tpt - 1) / tpt;
   std::vector<float> inv;
   if (fusion.snake_alpha) {
     inv.resize(static_cast<size_t>(Cin));
     for (int64_t c = 0; c < Cin; ++c) inv[static_cast<size_t>(c)] = snake_inv(fusion.snake_alpha[c], DType::F32);
   }
   const float* bias = f.bias.empty() ? nullptr : f.bias.data();
-  // Rows of H (one phase of one channel): the task's tiles rounded up to whole strips, plus the
-  // reach of the last input (qmax·d), so a strip's 64 columns are always readable (zeros past the end).
-  auto row_len = [&](int64_t n) { return (n + kStrip - 1) / kStrip * kStrip + (qmax + 1) * D; };
+  // A task is the tiles [k0, k1) (tile k = b·d + j: block b, phase j); its H rows start at block
+  // b0 = k0 / d, so its first strip starts at tile s = k0 − b0·d of the rows. Rows of H (one phase of
+  // one channel): through the last strip's 64th column plus the reach of the last input (qmax·d), so a
+  // strip's 64 columns are always readable (zeros past the end).
+  auto row_len = [&](int64_t s, int64_t n) { return s + (n - s + kStrip - 1) / kStrip * kStrip + (qmax + 1) * D; };
   std::atomic<int64_t> next{0};
   pool.parallel_for(std::min<int64_t>(pool.size(), n_tasks), [&](int64_t, int64_t) {
     thread_local aligned_vector<float> H, U, V, seg;
     auto grow = [](aligned_vector<float>& v, int64_t n) {
       if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
     };
-    const int64_t rl_max = row_len(bpt * D);
+    const int64_t rl_max = row_len(D - 1, D - 1 + tpt);
     grow(H, Cin * m * rl_max);
     grow(U, np * Cin * kStrip);
     grow(V, np * Cout * kStrip);
     grow(seg, (rl_max / D + 1) * MD);
     for (int64_t task; (task = next.fetch_add(1)) < n_tasks;) {
-      const int64_t b0 = task * bpt, nb = std::min(bpt, nblocks - b0), n = nb * D;
-      const int64_t rowlen = row_len(n);
+      const int64_t k0 = task * tpt, k1 = std::min(ntiles, k0 + tpt), b0 = k0 / D;
+      const int64_t first = k0 - b0 * D, n = k1 - b0 * D;  // the task's tiles: [first, n) of its rows
+      const int64_t rowlen = row_len(first, n);
       const int64_t lo = MD * b0 - 3 * D, len = (rowlen / D + 1) * MD;  // input positions [lo, lo + len)
       const int64_t a = std::clamp<int64_t>(-lo, 0, len), b = std::clamp<int64_t>(L - lo, a, len);
       // 1. H[ci][r][k] = (Snake'd, zero-padded) x[ci, lo + m·d·(k / d) + r·d + k % d]: input i = m·q + r of
@@ -254,7 +260,7 @@ void winograd_run(const ThreadPool& pool, const ConvWeight& cw, const float* x, 
       }
       // 2. Strips of 64 tiles: U = BT · inputs for every point, V_p = Gw_p · U_p (the direct kernel's
       //    tiles), then y = AT · V (+ bias, + residual), back to interleaved positions.
-      for (int64_t s0 = 0; s0 < n; s0 += kStrip) {
+      for (int64_t s0 = first; s0 < n; s0 += kStrip) {
         const int cols = static_cast<int>(std::min<int64_t>(kStrip, n - s0));
         for (int64_t ci = 0; ci < Cin; ++ci) {
           const float* h = H.data() + ci * m * rowlen + s0;
@@ -265,7 +271,7 @@ void winograd_run(const ThreadPool& pool, const ConvWeight& cw, const float* x, 
         for (int p = 0; p < np; ++p)
           conv_onetap_strip(f.pts[static_cast<size_t>(p)], U.data() + p * Cin * kStrip, kStrip, cols,
                             V.data() + p * Cout * kStrip, kStrip, kChunk);
-        const int64_t k0 = s0 % D, t0 = MD * (b0 + s0 / D) + k0;  // tile s0's first output
+        const int64_t j0 = s0 % D, t0 = MD * (b0 + s0 / D) + j0;  // tile s0's first output
         for (int64_t co = 0; co < Cout; ++co) {
           const float* v[kPts];
           for (int p = 0; p < np; ++p) v[p] = V.data() + (p * Cout + co) * kStrip;
@@ -274,7 +280,7 @@ void winograd_run(const ThreadPool& pool, const ConvWeight& cw, const float* x, 
           const float bc = bias ? bias[co] : 0.f;
           float* yr = y + co * L;
           const float* res = fusion.residual ? fusion.residual + co * L : nullptr;
-          int64_t t = t0, j = k0;  // output 0 of tile s0 + k, its position in the block
+          int64_t t = t0, j = j0;  // output 0 of tile s0 + k, its position in the block
           for (int k = 0; k < cols; ++k) {
             for (int e = 0; e < m; ++e) {
               const int64_t te = t + e * D;
