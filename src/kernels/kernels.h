@@ -405,7 +405,8 @@ class ConvWeight {
   std::shared_ptr<const void> gemm;
   // Backend-private bf16 channel-pair form of the direct kernel (conv_dpbf16); null when none.
   std::shared_ptr<const void> pairs;
-  // Backend-private fp32 Winograd F(4,7) form (conv_winograd); null when none.
+  // Backend-private fp32 Winograd form (conv_winograd's F(4,7), or conv_winograd_t's F(3,2) for a
+  // ConvTranspose1d); null when none.
   std::shared_ptr<const void> winograd;
 
  private:
@@ -458,6 +459,16 @@ ConvWeight conv_winograd(const ConvWeight& w);
 // The share of a layer's multiply-adds its Winograd form runs in its products (10 per 4 outputs
 // instead of 28).
 inline constexpr double kWinogradProductShare = 10.0 / 28.0;
+
+// A copy of a ConvTranspose1d weight with kernel 2·stride, padding below the stride and no output
+// padding (the vocoder's upsampling convs) that conv_packed runs, when store is F32, as Winograd F(3,2)
+// per output phase: per three input positions 4 products over the input channels instead of 6
+// (cpu/conv_winograd_t.cpp). Not the direct kernel's bits (the transforms add a rounding on each
+// side); bits depend neither on the thread count nor on the ISA path. Store BF16 ignores the form.
+// Returns w unchanged for other shapes, and when the environment sets MM3_CONV_WINOGRAD=0.
+ConvWeight conv_winograd_t(const ConvWeight& w);
+// The share of a layer's multiply-adds its conv_winograd_t form runs in its products (4 per 6).
+inline constexpr double kWinogradTProductShare = 4.0 / 6.0;
 
 // torch F.interpolate(mode="nearest") source index (ATen nearest_idx, legacy float32 scale rule).
 int64_t nearest_src_index(int64_t dst, int64_t in_len, int64_t out_len);

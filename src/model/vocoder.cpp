@@ -164,7 +164,9 @@ Vocoder::Vocoder(const TensorStore& store, const VocoderConfig& cfg) : cfg_(cfg)
     {
       const std::vector<float> v = b.get_weight_norm(p + "conv_t1", {in, out, 2 * s}).to_f32_vector();  // per input ch
       const std::vector<float> bias = vec(p + "conv_t1.bias", {out});
-      bl.up = kern::ConvWeight::conv_transpose1d(v.data(), bias.data(), in, out, 2 * s, s, (s + 1) / 2, 0);
+      // conv_winograd_t: 4 products per 3 input positions and phase instead of 6.
+      bl.up = kern::conv_winograd_t(
+          kern::ConvWeight::conv_transpose1d(v.data(), bias.data(), in, out, 2 * s, s, (s + 1) / 2, 0));
     }
     const int dil[3] = {1, 3, 9};
     for (int r = 0; r < 3; ++r) {
@@ -207,7 +209,8 @@ double Vocoder::flops(int64_t L) const {
 double Vocoder::flops_executed(int64_t L) const {
   const Weights& w = *f32_;
   auto f = [](const kern::ConvWeight& c, int64_t len) {
-    return c.flops(len) * (c.winograd ? kern::kWinogradProductShare : 1.0);
+    if (!c.winograd) return c.flops(len);
+    return c.flops(len) * (c.transposed() ? kern::kWinogradTProductShare : kern::kWinogradProductShare);
   };
   double total = f(w.in_proj, L) + f(w.conv_in, L);
   int64_t len = L;

@@ -69,7 +69,8 @@ class Vocoder {
   // Floating-point operations of decode(L): 2 per multiply-add of every convolution, both streams.
   double flops(int64_t L) const;
   // The multiply-adds decode(L, F32) actually runs (x 2): the 7-tap layers in their Winograd form
-  // (kernels.h conv_winograd) count kern::kWinogradProductShare of theirs (transforms not counted).
+  // (kernels.h conv_winograd) count kern::kWinogradProductShare of theirs, the upsampling convs in
+  // theirs (conv_winograd_t) kern::kWinogradTProductShare (transforms not counted).
   double flops_executed(int64_t L) const;
 
   // latents: [C, L] channel-major F32 values (torch [1, C, L]); wave: [2, hop·L] (row stride ldw >= hop·L).

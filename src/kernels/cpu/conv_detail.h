@@ -22,8 +22,8 @@ void snake_row(const float* x, float alpha, float inv, float* y, int64_t n, DTyp
 // y[i] = sin(x[i]) by snake_row's sine (the vector one where the CPU has AVX-512), for its tests.
 void sin_row(const float* x, float* y, int64_t n);
 
-// The torch-layout weight [Cout, Cin, K] and bias [Cout] (empty without) of a packed Conv1d
-// (conv_direct.cpp).
+// The torch-layout weight and bias [Cout] (empty without) of a packed layer (conv_direct.cpp): a
+// Conv1d's [Cout, Cin, K], a ConvTranspose1d's [Cin, Cout, K].
 void conv_unpack(const ConvWeight& w, std::vector<float>& weight, std::vector<float>& bias);
 
 // v[co][0 .. cols) = sum_ci w[co, ci] · u[ci][0 .. cols) for a packed one-tap Conv1d w, every co, on the
@@ -37,5 +37,8 @@ void conv_onetap_strip(const ConvWeight& w, const float* u, int64_t ldu, int col
 // conv_packed on a conv_winograd weight, store F32 (conv_winograd.cpp).
 void winograd_run(const ThreadPool& pool, const ConvWeight& cw, const float* x, int64_t L, float* y,
                   const ConvFusion& fusion);
+// conv_packed on a conv_winograd_t weight, store F32 (conv_winograd_t.cpp).
+void winograd_t_run(const ThreadPool& pool, const ConvWeight& cw, const float* x, int64_t L, float* y,
+                    const ConvFusion& fusion);
 
 }  // namespace mm3::kern::detail

@@ -650,17 +650,31 @@ ConvWeight ConvWeight::conv_transpose1d(const float* w, const float* bias, int64
 }
 
 void detail::conv_unpack(const ConvWeight& w, std::vector<float>& weight, std::vector<float>& bias) {
-  MM3_CHECK(!w.empty() && !w.transposed(), "conv_unpack: not a packed Conv1d");
+  MM3_CHECK(!w.empty(), "conv_unpack: an empty weight");
   const Packed& P = *static_cast<const Packed*>(w.packed.get());
   const int64_t Cin = w.in_channels(), Cout = w.out_channels();
   const int K = w.kernel_size();
   weight.resize(static_cast<size_t>(Cout * Cin * K));
-  for (int64_t co = 0; co < Cout; ++co)  // undo conv1d's packing above
-    for (int64_t ci = 0; ci < Cin; ++ci)
-      for (int k = 0; k < K; ++k)
-        weight[static_cast<size_t>((co * Cin + ci) * K + k)] =
-            P.w[static_cast<size_t>((((co / kMR) * Cin + ci) * K + k) * kMR + co % kMR)];
   bias.assign(P.bias.begin(), P.bias.empty() ? P.bias.begin() : P.bias.begin() + Cout);
+  if (!w.transposed()) {
+    for (int64_t co = 0; co < Cout; ++co)  // undo conv1d's packing above
+      for (int64_t ci = 0; ci < Cin; ++ci)
+        for (int k = 0; k < K; ++k)
+          weight[static_cast<size_t>((co * Cin + ci) * K + k)] =
+              P.w[static_cast<size_t>((((co / kMR) * Cin + ci) * K + k) * kMR + co % kMR)];
+    return;
+  }
+  if (!P.raw.empty()) {
+    weight = P.raw;
+    return;
+  }
+  const int s = w.stride(), J = K / s, pad = w.pad();
+  for (int64_t co = 0; co < Cout; ++co)  // undo conv_transpose1d's packing above
+    for (int64_t ci = 0; ci < Cin; ++ci)
+      for (int j = 0; j < J; ++j)
+        for (int l = 0; l < s; ++l)
+          weight[static_cast<size_t>((ci * Cout + co) * K + (l + pad) % s + j * s)] =
+              P.w[static_cast<size_t>(((((co / kMR) * Cin + ci) * J + j) * kMR + co % kMR) * s + l)];
 }
 
 namespace {
@@ -977,7 +991,10 @@ void conv_packed(const ThreadPool& pool, const ConvWeight& cw, const float* x, i
   const int64_t Cin = cw.in_channels(), Cout = cw.out_channels(), Lout = cw.out_len(L);
   MM3_CHECK(Lout > 0, "conv_packed: output length {} for L={}", Lout, L);
   if (cw.winograd && store == DType::F32) {
-    detail::winograd_run(pool, cw, x, L, y, fusion);
+    if (cw.transposed())
+      detail::winograd_t_run(pool, cw, x, L, y, fusion);
+    else
+      detail::winograd_run(pool, cw, x, L, y, fusion);
     return;
   }
   if (cw.gemm && store == DType::BF16 &&
