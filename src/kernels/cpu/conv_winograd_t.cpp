@@ -70,6 +70,20 @@ inline v16 load16(const float* p) {
 }
 inline void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
 
+// Row q < 3 of the stride-3 deinterleave of 48 consecutive floats a|b|c: lanes i = 3i + q. Two
+// two-source shuffles (vpermt2ps with AVX-512): the lanes from a|b, then those from c.
+typedef int32_t i16v __attribute__((vector_size(64)));
+template <int Q>
+inline v16 deinterleave3(v16 a, v16 b, v16 c) {
+  constexpr int from_ab = (32 - Q + 2) / 3;  // lanes whose source 3i + Q lies in a|b
+  i16v m1, m2;
+  for (int i = 0; i < 16; ++i) {
+    m1[i] = i < from_ab ? 3 * i + Q : 0;
+    m2[i] = i < from_ab ? i : 16 + 3 * i + Q - 32;
+  }
+  return __builtin_shuffle(__builtin_shuffle(a, b, m1), c, m2);
+}
+
 bool winograd_enabled() {
   static const bool on = [] {
     const char* e = std::getenv("MM3_CONV_WINOGRAD");
@@ -142,7 +156,7 @@ void winograd_t_run(const ThreadPool& pool, const ConvWeight& cw, const float* x
   const int64_t rl_max = tpt + 1;
   std::atomic<int64_t> next{0};
   pool.parallel_for(std::min<int64_t>(pool.size(), n_tasks), [&](int64_t, int64_t) {
-    thread_local aligned_vector<float> R, U, V, seg, O;
+    thread_local aligned_vector<float> R, U, V, seg, O, T;
     auto grow = [](aligned_vector<float>& v, int64_t n) {
       if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
     };
@@ -151,6 +165,7 @@ void winograd_t_run(const ThreadPool& pool, const ConvWeight& cw, const float* x
     grow(V, kPts * gch * s * kStrip);
     grow(seg, kOut * rl_max);
     grow(O, kOut * s * kStrip);
+    grow(T, kOut * s * kStrip);
     for (int64_t task; (task = next.fetch_add(1)) < n_tasks;) {
       const int64_t n0 = task * tpt, n = std::min(tpt, ntiles - n0);
       const int64_t rowlen = (n + kStrip - 1) / kStrip * kStrip + 1;
@@ -169,7 +184,14 @@ void winograd_t_run(const ThreadPool& pool, const ConvWeight& cw, const float* x
         }
         std::fill(sg + b, sg + len, 0.f);
         float* r = R.data() + ci * kOut * rowlen;
-        for (int64_t k = 0; k < rowlen; ++k)
+        int64_t k = 0;
+        for (; k + 16 <= rowlen; k += 16) {
+          const v16 va = load16(sg + kOut * k), vb = load16(sg + kOut * k + 16), vc = load16(sg + kOut * k + 32);
+          store16(r + k, deinterleave3<0>(va, vb, vc));
+          store16(r + rowlen + k, deinterleave3<1>(va, vb, vc));
+          store16(r + 2 * rowlen + k, deinterleave3<2>(va, vb, vc));
+        }
+        for (; k < rowlen; ++k)
           for (int q = 0; q < kOut; ++q) r[q * rowlen + k] = sg[kOut * k + q];
       }
       // 2. Strips of 64 tiles: U for every point, then per channel group the products and y.
@@ -205,20 +227,29 @@ void winograd_t_run(const ThreadPool& pool, const ConvWeight& cw, const float* x
                 store16(O.data() + (2 * s + l) * kStrip + k, (m1 + m2) + m3);
               }
             }
-            const int64_t co = co0 + c;
-            const float bc = bias ? bias[co] : 0.f;
-            float* yr = y + co * Lout;
-            const float* res = fusion.residual ? fusion.residual + co * Lout : nullptr;
+            // The strip's outputs of channel co are contiguous: t = base + p, p = 3s·k + j·s + l, so
+            // T[p] = O[j][l][k] is a transpose; then + bias and the residual 16 at a time.
+            const int64_t co = co0 + c, w3 = kOut * s, base = w3 * (n0 + s0) - pad;
             for (int k = 0; k < cols; ++k)
-              for (int j = 0; j < kOut; ++j) {
-                const int64_t t0 = s * (kOut * (n0 + s0 + k) + j) - pad;  // phase 0's output
-                for (int64_t l = std::max<int64_t>(0, -t0); l < s && t0 + l < Lout; ++l) {
-                  float val = O[static_cast<size_t>((j * s + l) * kStrip + k)];
-                  if (bias) val = val + bc;
-                  if (res) val = res[t0 + l] + val;
-                  yr[t0 + l] = val;
-                }
-              }
+              for (int64_t q = 0; q < w3; ++q)
+                T[static_cast<size_t>(k * w3 + q)] = O[static_cast<size_t>(q * kStrip + k)];
+            const float bc = bias ? bias[co] : 0.f;
+            float* yr = y + co * Lout + base;
+            const float* res = fusion.residual ? fusion.residual + co * Lout + base : nullptr;
+            int64_t p = std::max<int64_t>(0, -base);
+            const int64_t pe = std::min<int64_t>(w3 * cols, Lout - base);
+            for (; p + 16 <= pe; p += 16) {
+              v16 v = load16(T.data() + p);
+              if (bias) v = v + bc;
+              if (res) v = load16(res + p) + v;
+              store16(yr + p, v);
+            }
+            for (; p < pe; ++p) {
+              float val = T[static_cast<size_t>(p)];
+              if (bias) val = val + bc;
+              if (res) val = res[p] + val;
+              yr[p] = val;
+            }
           }
         }
       }
