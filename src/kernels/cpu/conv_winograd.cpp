@@ -219,7 +219,7 @@ void winograd_run(const ThreadPool& pool, const ConvWeight& cw, const float* x, 
   auto row_len = [&](int64_t s, int64_t n) { return s + (n - s + kStrip - 1) / kStrip * kStrip + (qmax + 1) * D; };
   std::atomic<int64_t> next{0};
   pool.parallel_for(std::min<int64_t>(pool.size(), n_tasks), [&](int64_t, int64_t) {
-    thread_local aligned_vector<float> H, U, V, seg;
+    thread_local aligned_vector<float> H, U, V, seg, stage;
     auto grow = [](aligned_vector<float>& v, int64_t n) {
       if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
     };
@@ -227,6 +227,7 @@ void winograd_run(const ThreadPool& pool, const ConvWeight& cw, const float* x, 
     grow(H, Cin * m * rl_max);
     grow(U, np * Cin * kStrip);
     grow(V, np * Cout * kStrip);
+    grow(stage, m * kStrip);
     grow(seg, (rl_max / D + 1) * MD);
     for (int64_t task; (task = next.fetch_add(1)) < n_tasks;) {
       const int64_t k0 = task * tpt, k1 = std::min(ntiles, k0 + tpt), b0 = k0 / D;
@@ -271,7 +272,12 @@ void winograd_run(const ThreadPool& pool, const ConvWeight& cw, const float* x, 
         for (int p = 0; p < np; ++p)
           conv_onetap_strip(f.pts[static_cast<size_t>(p)], U.data() + p * Cin * kStrip, kStrip, cols,
                             V.data() + p * Cout * kStrip, kStrip, kChunk);
-        const int64_t j0 = s0 % D, t0 = MD * (b0 + s0 / D) + j0;  // tile s0's first output
+        // Output e of tile s0 + k lands at MD·(b0 + (s0 + k) / d) + (s0 + k) % d + e·d. The whole blocks
+        // the strip covers (tiles [kf, ke)) fill MD·nfull contiguous outputs from tf: they are staged in
+        // position order and written 16 at a time; the tiles of a partial first or last block one by one.
+        const int64_t j0 = s0 % D;
+        const int64_t kf = j0 ? std::min<int64_t>(cols, D - j0) : 0, nfull = (cols - kf) / D, ke = kf + nfull * D;
+        const int64_t tf = MD * (b0 + (s0 + kf) / D), nf = std::clamp<int64_t>(L - tf, 0, nfull * MD);
         for (int64_t co = 0; co < Cout; ++co) {
           const float* v[kPts];
           for (int p = 0; p < np; ++p) v[p] = V.data() + (p * Cout + co) * kStrip;
@@ -280,23 +286,49 @@ void winograd_run(const ThreadPool& pool, const ConvWeight& cw, const float* x, 
           const float bc = bias ? bias[co] : 0.f;
           float* yr = y + co * L;
           const float* res = fusion.residual ? fusion.residual + co * L : nullptr;
-          int64_t t = t0, j = j0;  // output 0 of tile s0 + k, its position in the block
-          for (int k = 0; k < cols; ++k) {
-            for (int e = 0; e < m; ++e) {
-              const int64_t te = t + e * D;
-              if (te >= L) break;
-              float val = out[e][k];
-              if (bias) val = val + bc;
-              if (res) val = res[te] + val;
-              yr[te] = val;
+          auto one_by_one = [&](int64_t k, int64_t kend) {
+            int64_t j = (s0 + k) % D, t = MD * (b0 + (s0 + k) / D) + j;  // output 0 of tile s0 + k
+            for (; k < kend; ++k) {
+              for (int e = 0; e < m; ++e) {
+                const int64_t te = t + e * D;
+                if (te >= L) break;
+                float val = out[e][k];
+                if (bias) val = val + bc;
+                if (res) val = res[te] + val;
+                yr[te] = val;
+              }
+              if (++j == D) {
+                j = 0;
+                t += MD - D + 1;
+              } else {
+                ++t;
+              }
             }
-            if (++j == D) {
-              j = 0;
-              t += MD - D + 1;
-            } else {
-              ++t;
+          };
+          one_by_one(0, kf);
+          if (nf > 0) {
+            float* st = stage.data();
+            for (int64_t k = kf, b = 0, j = 0; k < ke; ++k) {
+              for (int e = 0; e < m; ++e) st[b + e * D + j] = out[e][k];
+              if (++j == D) j = 0, b += MD;
+            }
+            float* yo = yr + tf;
+            const float* ro = res ? res + tf : nullptr;
+            int64_t i = 0;
+            for (; i + 16 <= nf; i += 16) {
+              v16 val = load16(st + i);
+              if (bias) val = val + bc;
+              if (ro) val = load16(ro + i) + val;
+              store16(yo + i, val);
+            }
+            for (; i < nf; ++i) {
+              float val = st[i];
+              if (bias) val = val + bc;
+              if (ro) val = ro[i] + val;
+              yo[i] = val;
             }
           }
+          one_by_one(ke, cols);
         }
       }
     }
