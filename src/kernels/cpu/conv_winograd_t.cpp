@@ -116,18 +116,21 @@ ConvWeight conv_winograd_t(const ConvWeight& w) {
   f->group_channels = std::max<int64_t>(1, kGroupRows / s);
   for (int64_t co0 = 0; co0 < Cout; co0 += f->group_channels) {
     const int64_t gc = std::min(f->group_channels, Cout - co0), rows = gc * s;
-    std::vector<float> wp(static_cast<size_t>(rows * Cin));
-    for (int p = 0; p < kPts; ++p) {
-      for (int64_t c = 0; c < gc; ++c)
-        for (int l = 0; l < s; ++l)
-          for (int64_t ci = 0; ci < Cin; ++ci) {
-            const size_t at = static_cast<size_t>((ci * Cout + co0 + c) * 2 * s + l);
-            const double a = wt[at], b = wt[at + static_cast<size_t>(s)];
-            const double g = p == 0 ? b : p == 1 ? (b + a) / 2 : p == 2 ? (b - a) / 2 : a;
-            wp[static_cast<size_t>((c * s + l) * Cin + ci)] = static_cast<float>(g);
-          }
-      f->pts.push_back(ConvWeight::conv1d(wp.data(), nullptr, rows, Cin, 1, 0, 1));
-    }
+    std::vector<float> wp(static_cast<size_t>(kPts * rows * Cin));  // [point][row][Cin]
+    for (int64_t c = 0; c < gc; ++c)
+      for (int64_t ci = 0; ci < Cin; ++ci) {
+        const float* src = wt.data() + (ci * Cout + co0 + c) * 2 * s;  // taps l (A) and l + s (B)
+        for (int l = 0; l < s; ++l) {
+          const double a = src[l], b = src[l + s];
+          float* dst = wp.data() + (c * s + l) * Cin + ci;
+          dst[0] = static_cast<float>(b);
+          dst[rows * Cin] = static_cast<float>((b + a) / 2);
+          dst[2 * rows * Cin] = static_cast<float>((b - a) / 2);
+          dst[3 * rows * Cin] = static_cast<float>(a);
+        }
+      }
+    for (int p = 0; p < kPts; ++p)
+      f->pts.push_back(ConvWeight::conv1d(wp.data() + p * rows * Cin, nullptr, rows, Cin, 1, 0, 1));
   }
   f->bias = std::move(bias);
   ConvWeight r = w;
