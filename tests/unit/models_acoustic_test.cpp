@@ -271,9 +271,15 @@ TEST(AcousticGolden, VocoderFlopsCountTheWinogradLayers) {
   Vocoder voc(ck.store("vocoder"), c);
   const int64_t L = 7, Din = c.decoder_input_dim, Hd = c.decoder_hidden_dim;
   double k7 = double(Din) * Hd * 7 * L, all = double(c.latent_channels / 2) * Din * L + k7;  // in_proj, conv_in
+  double kt = 0;  // the ConvTranspose1d layers that take their Winograd form (conv_winograd_t)
   int64_t len = L, ch = Hd;
   for (int s : c.upsampling_ratios) {
-    all += double(ch) * (ch / 2) * 2 * s * len;  // ConvTranspose1d: every input times every tap
+    const double t = double(ch) * (ch / 2) * 2 * s * len;  // ConvTranspose1d: every input times every tap
+    const std::vector<float> wt(size_t(2 * 1 * 2 * s), 0.5f);
+    if (kern::conv_winograd_t(kern::ConvWeight::conv_transpose1d(wt.data(), nullptr, 2, 1, 2 * s, s, (s + 1) / 2, 0))
+            .winograd)
+      kt += t;
+    all += t;
     ch /= 2;
     len *= s;
     k7 += 3.0 * ch * ch * 7 * len;
@@ -284,7 +290,11 @@ TEST(AcousticGolden, VocoderFlopsCountTheWinogradLayers) {
   const std::vector<float> w(3 * 2 * 7, 0.5f);
   const bool on = bool(kern::conv_winograd(kern::ConvWeight::conv1d(w.data(), nullptr, 3, 2, 7, 3, 1)).winograd);
   std::cout << "[ NOTE     ] Winograd form " << (on ? "on" : "off (MM3_CONV_WINOGRAD=0)") << "\n";
-  EXPECT_NEAR(voc.flops_executed(L), 2 * 2 * (all - (on ? (1 - kern::kWinogradProductShare) * k7 : 0.0)),
+  if (on) {
+    EXPECT_GT(kt, 0.0) << "the golden vocoder's upsampling layers should take conv_winograd_t's form";
+  }
+  EXPECT_NEAR(voc.flops_executed(L),
+              2 * 2 * (all - (on ? (1 - kern::kWinogradProductShare) * k7 + (1 - kern::kWinogradTProductShare) * kt : 0.0)),
               1e-9 * voc.flops(L));
 }
 
