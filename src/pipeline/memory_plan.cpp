@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "core/errors.h"
 #include "kernels/kernels.h"
@@ -24,6 +25,22 @@ uint64_t component_file_bytes(const Checkpoint& ckpt, const std::string& compone
   for (const auto& e : fs::directory_iterator(ckpt.component_dir(component), ec))
     if (e.path().extension() == ".safetensors") total += fs::file_size(e.path(), ec);
   return total;
+}
+
+// The fp32 vocoder's Winograd forms, held beside its packed weights (model/vocoder.cpp): the 7-tap convs'
+// (conv_in and each residual unit's conv1; kern::conv_winograd) 10 point weights per 7 taps, the
+// upsampling convs' (kern::conv_winograd_t) 4 per 2 taps. Nothing when MM3_CONV_WINOGRAD=0 turns them off.
+uint64_t vocoder_form_bytes(const VocoderConfig& v) {
+  const std::vector<float> w(2 * 7, 0.f);
+  if (!kern::conv_winograd(kern::ConvWeight::conv1d(w.data(), nullptr, 1, 2, 7, 3, 1)).winograd) return 0;
+  uint64_t ch = uint64_t(v.decoder_hidden_dim), seven = uint64_t(v.decoder_input_dim) * ch, up = 0;
+  for (int r : v.upsampling_ratios) {
+    const uint64_t out = std::max<uint64_t>(1, ch / 2);
+    up += ch * out * 2 * uint64_t(std::max(1, r));  // ConvTranspose1d taps
+    seven += 3 * out * out;                         // three residual units' conv1, per tap
+    ch = out;
+  }
+  return 4 * (10 * seven + 2 * up);
 }
 
 constexpr uint64_t kMiB = 1ull << 20, kGiB = 1ull << 30;
@@ -154,6 +171,7 @@ MemoryPlan plan_memory(const Checkpoint& ckpt, int64_t prompt_tokens, int64_t ma
       p.acoustic_weights += p.acoustic_strassen_extra;
     }
   }
+  p.acoustic_weights += vocoder_form_bytes(c.vocoder);
   // One window (200 frames -> 689 latents): the vocoder's largest stage activation (channels halve as
   // the length multiplies by each ratio) held in ~4 buffers, plus the DiT's batch-2 activations.
   const uint64_t L = 689;

@@ -8,7 +8,9 @@
 // (2 CFG rows x prompt + frame budget positions, bf16 in the reference profile) and the depth
 // decoder's, and prefill scratch; the acoustic stage adds one window's working set (the vocoder's
 // largest stage activation x 4 buffers + the DiT's activations: 0.6 GB at the real shapes, where the
-// bench measured a 0.9 GB vocoder peak RSS including its weights). Estimates, on the safe side.
+// bench measured a 0.9 GB vocoder peak RSS including its weights), and the fp32 vocoder's Winograd
+// forms beside its weights (~350 MB at the real shapes: `vocoder_L689` peak RSS 1.25 GB). Estimates, on
+// the safe side.
 #pragma once
 
 #include <cstdint>

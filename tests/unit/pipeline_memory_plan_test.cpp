@@ -78,5 +78,32 @@ TEST(MemoryPlan, CountsTheInt8DitWeights) {
   EXPECT_EQ(i8.ar(), plain.ar());
 }
 
+// The fp32 vocoder's Winograd forms sit beside its packed weights: conv_in and the residual units' conv1
+// (7 taps) as 10 point weights, the upsampling ConvTranspose1d (2 taps a phase) as 4, counted in every
+// profile (the fp32 weights are built first). MODEL.md §5.1's shapes from the golden config. RED: the plan
+// without the forms fails.
+TEST(MemoryPlan, CountsTheVocodersWinogradForms) {
+  const fs::path g = fs::path(MM3_GOLDEN_DIR);
+  if (!fs::exists(g / "manifest.json")) GTEST_SKIP() << "golden set not found at " << g;
+  const Checkpoint ck((g / "checkpoint").string());
+  const VocoderConfig& v = ck.configs().vocoder;
+  uint64_t files = 0;
+  for (const char* comp : {"condition_encoder", "transformer", "vocoder"})
+    for (const auto& e : fs::directory_iterator(g / "checkpoint" / comp))
+      if (e.path().extension() == ".safetensors") files += fs::file_size(e.path());
+  uint64_t taps7 = uint64_t(v.decoder_input_dim) * v.decoder_hidden_dim * 7, taps_t = 0;  // fp32 weights
+  uint64_t in = uint64_t(v.decoder_hidden_dim);
+  for (int s : v.upsampling_ratios) {
+    taps_t += in * (in / 2) * 2 * uint64_t(s);
+    in /= 2;
+    taps7 += 3 * in * in * 7;
+  }
+  const std::vector<float> w(2 * 7, 0.f);
+  const bool on = bool(kern::conv_winograd(kern::ConvWeight::conv1d(w.data(), nullptr, 1, 2, 7, 3, 1)).winograd);
+  const uint64_t forms = on ? 4 * (taps7 / 7 * 10 + taps_t * 2) : 0;
+  unsetenv("MM3_STRASSEN");
+  EXPECT_EQ(plan_memory(ck, 100, 50, DType::BF16, DType::F32).acoustic_weights, files + forms);
+}
+
 }  // namespace
 }  // namespace mm3
