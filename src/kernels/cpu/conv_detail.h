@@ -34,6 +34,10 @@ void conv_unpack(const ConvWeight& w, std::vector<float>& weight, std::vector<fl
 void conv_onetap_strip(const ConvWeight& w, const float* u, int64_t ldu, int cols, float* v, int64_t ldv,
                        int64_t chunk);
 
+// False when the environment sets MM3_CONV_WINOGRAD=0 (read once): conv_winograd and conv_winograd_t
+// then return their weight unchanged (conv_winograd.cpp).
+bool winograd_enabled();
+
 // conv_packed on a conv_winograd weight, store F32 (conv_winograd.cpp).
 void winograd_run(const ThreadPool& pool, const ConvWeight& cw, const float* x, int64_t L, float* y,
                   const ConvFusion& fusion);

@@ -153,14 +153,6 @@ struct WinoForm {
   std::vector<float> bias;      // [Cout], empty without
 };
 
-bool winograd_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("MM3_CONV_WINOGRAD");
-    return !(e && std::string(e) == "0");
-  }();
-  return on;
-}
-
 // Tiles per task: a whole number of 64-tile strips (only a layer's last task ends in a partial strip,
 // which the products run at the tiles' generic path and pay for all 64 columns), the task's H rows
 // (4·Cin floats per tile) about kTaskBytes, and at least 4 tasks per thread where the layer is long
@@ -174,9 +166,18 @@ int64_t task_tiles(int64_t Cin, int64_t ntiles, int workers) {
 
 }  // namespace
 
+bool detail::winograd_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("MM3_CONV_WINOGRAD");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
+
 ConvWeight conv_winograd(const ConvWeight& w) {
   MM3_CHECK(!w.empty(), "conv_winograd on an empty weight");
-  if (!winograd_enabled() || w.transposed() || w.kernel_size() != kTaps || w.pad() != 3 * w.dilation()) return w;
+  if (!detail::winograd_enabled() || w.transposed() || w.kernel_size() != kTaps || w.pad() != 3 * w.dilation())
+    return w;
   const int64_t Cin = w.in_channels(), Cout = w.out_channels();
   std::vector<float> wt, bias;
   detail::conv_unpack(w, wt, bias);  // [Cout, Cin, 7]

@@ -33,10 +33,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <string>
 #include <vector>
 
 #include "core/aligned.h"
@@ -84,14 +82,6 @@ inline v16 deinterleave3(v16 a, v16 b, v16 c) {
   return __builtin_shuffle(__builtin_shuffle(a, b, m1), c, m2);
 }
 
-bool winograd_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("MM3_CONV_WINOGRAD");
-    return !(e && std::string(e) == "0");
-  }();
-  return on;
-}
-
 // Tiles per task: whole strips, the task's R rows (3·Cin floats per tile) about kTaskBytes, and at
 // least 4 tasks per thread where the layer is long enough.
 int64_t task_tiles(int64_t Cin, int64_t ntiles, int workers) {
@@ -105,7 +95,7 @@ int64_t task_tiles(int64_t Cin, int64_t ntiles, int workers) {
 
 ConvWeight conv_winograd_t(const ConvWeight& w) {
   MM3_CHECK(!w.empty(), "conv_winograd_t on an empty weight");
-  if (!winograd_enabled() || !w.transposed()) return w;
+  if (!detail::winograd_enabled() || !w.transposed()) return w;
   const int s = w.stride();
   if (w.kernel_size() != 2 * s || w.pad() >= s || w.output_padding() != 0) return w;
   const int64_t Cin = w.in_channels(), Cout = w.out_channels();
