@@ -18,10 +18,9 @@
 //
 // Work split: a task is a run of whole 64-tile strips (task_tiles), taken by whichever thread is free;
 // it builds its H rows (all input channels, from the block of its first tile), then goes through its
-// tiles in strips of 64 (the direct kernel's register tile
-// width): U_p of the strip for every point, then V_p (conv_detail.h conv_onetap_strip: the direct
-// kernel's one-tap register tile, 6 channels × 64 tiles), then the output transform of the strip into
-// y. One synchronisation per call.
+// tiles in strips of 64 (the direct kernel's register tile width): U_p of the strip for every point,
+// then V_p (conv_detail.h conv_onetap_strip: the direct kernel's one-tap register tile, 6 channels × 64
+// tiles), then the output transform of the strip into y. One synchronisation per call.
 //
 // Numerics. Not the direct kernel's bits: the transforms add rounding, and the cancellation in AT
 // amplifies the products' rounding. To keep the error near the direct kernel's, each V_p sums its input

@@ -227,21 +227,21 @@ void winograd_t_run(const ThreadPool& pool, const ConvWeight& cw, const float* x
               for (int64_t q = 0; q < w3; ++q)
                 T[static_cast<size_t>(k * w3 + q)] = O[static_cast<size_t>(q * kStrip + k)];
             const float bc = bias ? bias[co] : 0.f;
-            float* yr = y + co * Lout + base;
-            const float* res = fusion.residual ? fusion.residual + co * Lout + base : nullptr;
-            int64_t p = std::max<int64_t>(0, -base);
+            float* yr = y + co * Lout;
+            const float* res = fusion.residual ? fusion.residual + co * Lout : nullptr;
+            int64_t p = std::max<int64_t>(0, -base);  // T[p] is output base + p
             const int64_t pe = std::min<int64_t>(w3 * cols, Lout - base);
             for (; p + 16 <= pe; p += 16) {
               v16 v = load16(T.data() + p);
               if (bias) v = v + bc;
-              if (res) v = load16(res + p) + v;
-              store16(yr + p, v);
+              if (res) v = load16(res + base + p) + v;
+              store16(yr + base + p, v);
             }
             for (; p < pe; ++p) {
               float val = T[static_cast<size_t>(p)];
               if (bias) val = val + bc;
-              if (res) val = res[p] + val;
-              yr[p] = val;
+              if (res) val = res[base + p] + val;
+              yr[base + p] = val;
             }
           }
         }
