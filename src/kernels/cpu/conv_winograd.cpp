@@ -147,6 +147,55 @@ void output_transform(const float* const (&v)[kPts], float (&out)[kM][kStrip]) {
   }
 }
 
+// H rows of one channel from its Snake'd segment s (see winograd_run's step 1): H[r][k] =
+// s[m·d·(k / d) + r·d + k % d] for r < 4, k < rowlen (rows rowlen apart). Only moves values.
+// d = 1: a stride-4 deinterleave, 16 columns of every row from 64 floats by two-source shuffles;
+// d = 3, 9 (the vocoder's other dilations): runs of d floats as fixed-size copies; else run by run.
+typedef int32_t i16v __attribute__((vector_size(64)));
+template <int R>
+inline v16 deinterleave4(v16 a, v16 b, v16 c, v16 d) {
+  // lanes 0-7 of the pair's result: element 4i + R of a|b (i < 8); then c|d's into lanes 8-15
+  const i16v m1 = {R, 4 + R, 8 + R, 12 + R, 16 + R, 20 + R, 24 + R, 28 + R, 0, 0, 0, 0, 0, 0, 0, 0};
+  const i16v m2 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+  return __builtin_shuffle(__builtin_shuffle(a, b, m1), __builtin_shuffle(c, d, m1), m2);
+}
+
+template <int D>
+void copy_runs(const float* s, float* h, int64_t rowlen) {
+  constexpr int64_t MD = kM * D;
+  for (int r = 0; r < kM; ++r) {
+    float* hr = h + r * rowlen;
+    const float* sr = s + r * D;
+    int64_t bb = 0;
+    for (; (bb + 1) * D <= rowlen; ++bb) std::memcpy(hr + bb * D, sr + bb * MD, D * sizeof(float));
+    for (int64_t j = 0; bb * D + j < rowlen; ++j) hr[bb * D + j] = sr[bb * MD + j];
+  }
+}
+
+void build_h(const float* s, float* h, int64_t rowlen, int64_t D) {
+  if (D == 1) {
+    int64_t k = 0;
+    for (; k + 16 <= rowlen; k += 16) {
+      const v16 a = load16(s + 4 * k), b = load16(s + 4 * k + 16), c = load16(s + 4 * k + 32),
+                d = load16(s + 4 * k + 48);
+      store16(h + k, deinterleave4<0>(a, b, c, d));
+      store16(h + rowlen + k, deinterleave4<1>(a, b, c, d));
+      store16(h + 2 * rowlen + k, deinterleave4<2>(a, b, c, d));
+      store16(h + 3 * rowlen + k, deinterleave4<3>(a, b, c, d));
+    }
+    for (; k < rowlen; ++k)
+      for (int r = 0; r < kM; ++r) h[r * rowlen + k] = s[k * kM + r];
+  } else if (D == 3) {
+    copy_runs<3>(s, h, rowlen);
+  } else if (D == 9) {
+    copy_runs<9>(s, h, rowlen);
+  } else {
+    for (int64_t bb = 0; bb * D < rowlen; ++bb)
+      for (int r = 0; r < kM; ++r)
+        for (int64_t j = 0; j < D && bb * D + j < rowlen; ++j) h[r * rowlen + bb * D + j] = s[bb * kM * D + r * D + j];
+  }
+}
+
 struct WinoForm {
   std::vector<ConvWeight> pts;  // one-tap [Cout, Cin] weight of each point (G applied), no bias
   std::vector<float> bias;      // [Cout], empty without
@@ -249,15 +298,7 @@ void winograd_run(const ThreadPool& pool, const ConvWeight& cw, const float* x, 
         }
         std::fill(s + b, s + len, 0.f);
         float* h = H.data() + ci * m * rowlen;
-        if (D == 1) {
-          for (int r = 0; r < m; ++r)
-            for (int64_t k = 0; k < rowlen; ++k) h[r * rowlen + k] = s[k * m + r];
-        } else {
-          for (int64_t bb = 0; bb * D < rowlen; ++bb)
-            for (int r = 0; r < m; ++r)
-              for (int64_t j = 0; j < D && bb * D + j < rowlen; ++j)
-                h[r * rowlen + bb * D + j] = s[bb * MD + r * D + j];
-        }
+        build_h(s, h, rowlen, D);
       }
       // 2. Strips of 64 tiles: U = BT · inputs for every point, V_p = Gw_p · U_p (the direct kernel's
       //    tiles), then y = AT · V (+ bias, + residual), back to interleaved positions.
