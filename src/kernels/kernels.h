@@ -460,6 +460,18 @@ ConvWeight conv_winograd(const ConvWeight& w);
 // instead of 28).
 inline constexpr double kWinogradProductShare = 10.0 / 28.0;
 
+// One residual unit of the vocoder (MODEL.md §5.1), y = x + conv2(snake(conv1(snake(x, alpha1)), alpha2)),
+// as one pass: conv1 a conv_winograd form, conv2 a one-tap Conv1d with as many input and output
+// channels as conv1's. Each task's conv1 outputs stay in the thread's buffer (in cache), where conv2
+// reads them as soon as a run of 64 positions is complete, instead of conv1 writing [C, L] to memory
+// and conv2 reading it back. The same bits as conv_packed(conv1, x -> u, {alpha1}) then
+// conv_packed(conv2, u -> y, {alpha2, residual x}) (store F32). y must not overlap x.
+void conv_residual_unit(const ThreadPool& pool, const ConvWeight& conv1, const float* alpha1, const ConvWeight& conv2,
+                        const float* alpha2, const float* x, int64_t L, float* y);
+// Whether conv_residual_unit takes these weights at this length: the forms above, and enough tasks
+// for the pool's threads (the first block's short, wide layers are run as two convolutions).
+bool conv_residual_unit_fuses(const ThreadPool& pool, const ConvWeight& conv1, const ConvWeight& conv2, int64_t L);
+
 // A copy of a ConvTranspose1d weight with kernel 2·stride, padding below the stride and no output
 // padding (the vocoder's upsampling convs) that conv_packed runs, when store is F32, as Winograd F(3,2)
 // per output phase: per three input positions 4 products over the input channels instead of 6

@@ -26,6 +26,12 @@ const std::vector<KnobInfo>& knobs() {
        "MM3_GEMV_PREFETCH",
        {0, 1},
        "bf16 decode GEMV (AVX512-BF16): 0 = no software prefetch, 1 = PREFETCHT1 ahead of each row (linear.cpp)"},
+      {Knob::ResidualUnit,
+       "residual_unit",
+       "MM3_RESIDUAL_UNIT",
+       {0, 1},
+       "vocoder fp32 residual units: 0 = conv1 and conv2 as two convolutions, 1 = one fused pass where the "
+       "length allows (conv_winograd.cpp conv_residual_unit)"},
   };
   return v;
 }
@@ -53,8 +59,8 @@ std::string accepted(const KnobInfo& i) {
 
 // One slot per knob, its first value from the environment (an unset or unrecognised value: -1).
 std::atomic<int>& slot(Knob k) {
-  static std::atomic<int> slots[3] = {-2, -2, -2};
-  static_assert(sizeof(slots) / sizeof(slots[0]) == 3, "one slot per Knob");
+  static std::atomic<int> slots[4] = {-2, -2, -2, -2};
+  static_assert(sizeof(slots) / sizeof(slots[0]) == 4, "one slot per Knob");
   std::atomic<int>& s = slots[static_cast<int>(k)];
   if (s.load(std::memory_order_relaxed) == -2) {
     const KnobInfo& i = info(k);

@@ -297,6 +297,15 @@ void Vocoder::decode(const ThreadPool& pool, const float* latents, int64_t L, fl
       for (int r = 0; r < 3; ++r) {  // x = x + conv2(snake2(conv1(snake1(x))))
         const auto& ru = bl.res[r];
         const std::string q = clk.on() ? fmt::format("{}res_unit{}.", p, r + 1) : std::string();
+        if (st == DType::F32 && kern::conv_residual_unit_fuses(pool, ru.conv1, ru.conv2, len)) {
+          // The unit in one pass (conv1's outputs stay in cache; same bits), into t, then x <-> t.
+          clk.time(q + "snake1+conv1+snake2+conv2+add", "conv1d", ru.conv1.flops(len) + ru.conv2.flops(len), 0, [&] {
+            kern::conv_residual_unit(pool, ru.conv1, ru.alpha1.data(), ru.conv2, ru.alpha2.data(), x.data(), len,
+                                     t.data());
+          });
+          x.swap(t);
+          continue;
+        }
         clk.time(q + "snake1+conv1", "conv1d", ru.conv1.flops(len), 0, [&] {
           kern::conv_packed(pool, ru.conv1, x.data(), len, u.data(), st, {.snake_alpha = ru.alpha1.data()});
         });

@@ -34,6 +34,9 @@ void conv_unpack(const ConvWeight& w, std::vector<float>& weight, std::vector<fl
 void conv_onetap_strip(const ConvWeight& w, const float* u, int64_t ldu, int cols, float* v, int64_t ldv,
                        int64_t chunk);
 
+// The bias of a packed layer (conv_direct.cpp; Cout values, then zero padding) or null without one.
+const float* conv_bias(const ConvWeight& w);
+
 // False when the environment sets MM3_CONV_WINOGRAD=0 (read once): conv_winograd and conv_winograd_t
 // then return their weight unchanged (conv_winograd.cpp).
 bool winograd_enabled();

@@ -649,6 +649,11 @@ ConvWeight ConvWeight::conv_transpose1d(const float* w, const float* bias, int64
   return r;
 }
 
+const float* detail::conv_bias(const ConvWeight& w) {
+  const Packed& P = *static_cast<const Packed*>(w.packed.get());
+  return P.bias.empty() ? nullptr : P.bias.data();
+}
+
 void detail::conv_unpack(const ConvWeight& w, std::vector<float>& weight, std::vector<float>& bias) {
   MM3_CHECK(!w.empty(), "conv_unpack: an empty weight");
   const Packed& P = *static_cast<const Packed*>(w.packed.get());

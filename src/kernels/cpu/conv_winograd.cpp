@@ -40,12 +40,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
 #include "core/aligned.h"
 #include "kernels/cpu/conv_detail.h"
 #include "kernels/kernels.h"
+#include "kernels/tuning.h"
 
 namespace mm3::kern {
 
@@ -245,16 +247,42 @@ ConvWeight conv_winograd(const ConvWeight& w) {
   return r;
 }
 
-namespace detail {
+namespace {
 
-void winograd_run(const ThreadPool& pool, const ConvWeight& cw, const float* x, int64_t L, float* y,
-                  const ConvFusion& fusion) {
+// The second convolution of a fused residual unit (conv_residual_unit): y = residual + conv2(snake(u))
+// over conv1's outputs u, which the task keeps in its buffer.
+struct UnitTail {
+  const ConvWeight* conv2;
+  const float* alpha2;
+  std::vector<float> inv2;
+  const float* bias2;     // [Cout] or null
+  const float* residual;  // [Cout, L]
+};
+
+// Tiles per task of a fused unit: task_tiles rounded to whole blocks of d tiles as well as whole
+// strips, so every task's outputs are whole blocks (contiguous positions nobody else writes).
+int64_t unit_task_tiles(int64_t Cin, int64_t ntiles, int workers, int64_t D) {
+  const int64_t unit = kStrip / std::gcd(kStrip, D) * D;
+  return std::max<int64_t>(1, (task_tiles(Cin, ntiles, workers) + unit / 2) / unit) * unit;
+}
+
+using detail::conv_onetap_strip;
+using detail::snake_inv;
+using detail::snake_row;
+
+// winograd_run's body; with a tail, conv1's outputs go to the task's buffer instead of y, and the tail
+// turns each complete run of them into y.
+void winograd_impl(const ThreadPool& pool, const ConvWeight& cw, const float* x, int64_t L, float* y,
+                   const ConvFusion& fusion, const UnitTail* tail) {
   const WinoForm& f = *static_cast<const WinoForm*>(cw.winograd.get());
   constexpr int m = kM, np = kPts, qmax = (np - 1) / m;
   const int64_t Cin = cw.in_channels(), Cout = cw.out_channels();
   const int64_t D = cw.dilation(), MD = m * D, nblocks = (L + MD - 1) / MD, ntiles = nblocks * D;
-  const int64_t tpt = task_tiles(Cin, ntiles, pool.size());
+  const int64_t tpt = tail ? unit_task_tiles(Cin, ntiles, pool.size(), D) : task_tiles(Cin, ntiles, pool.size());
   const int64_t n_tasks = (ntiles + tpt - 1) / tpt;
+  // The tail's buffer rows: a task's positions (m per tile) plus a strip's reach past the last one.
+  int64_t uld = tpt * m + kStrip;
+  if (uld % 1024 == 0) uld += 16;  // no 4 KiB-aliased rows
   std::vector<float> inv;
   if (fusion.snake_alpha) {
     inv.resize(static_cast<size_t>(Cin));
@@ -268,7 +296,7 @@ void winograd_run(const ThreadPool& pool, const ConvWeight& cw, const float* x, 
   auto row_len = [&](int64_t s, int64_t n) { return s + (n - s + kStrip - 1) / kStrip * kStrip + (qmax + 1) * D; };
   std::atomic<int64_t> next{0};
   pool.parallel_for(std::min<int64_t>(pool.size(), n_tasks), [&](int64_t, int64_t) {
-    thread_local aligned_vector<float> H, U, V, seg, stage;
+    thread_local aligned_vector<float> H, U, V, seg, stage, Uo, V2;
     auto grow = [](aligned_vector<float>& v, int64_t n) {
       if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
     };
@@ -278,12 +306,20 @@ void winograd_run(const ThreadPool& pool, const ConvWeight& cw, const float* x, 
     grow(V, np * Cout * kStrip);
     grow(stage, m * kStrip);
     grow(seg, (rl_max / D + 1) * MD);
+    if (tail) {
+      grow(Uo, Cout * uld);
+      grow(V2, Cout * kStrip);
+    }
     for (int64_t task; (task = next.fetch_add(1)) < n_tasks;) {
       const int64_t k0 = task * tpt, k1 = std::min(ntiles, k0 + tpt), b0 = k0 / D;
       const int64_t first = k0 - b0 * D, n = k1 - b0 * D;  // the task's tiles: [first, n) of its rows
       const int64_t rowlen = row_len(first, n);
       const int64_t lo = MD * b0 - 3 * D, len = (rowlen / D + 1) * MD;  // input positions [lo, lo + len)
       const int64_t a = std::clamp<int64_t>(-lo, 0, len), b = std::clamp<int64_t>(L - lo, a, len);
+      // Where conv1's outputs go: y, or (tail) the task's buffer, whose column 0 is position MD·b0.
+      const int64_t origin = tail ? MD * b0 : 0, ldo = tail ? uld : L;
+      float* const out_base = tail ? Uo.data() : y;
+      int64_t done2 = 0;  // tail: buffer columns [0, done2) have gone through conv2
       // 1. H[ci][r][k] = (Snake'd, zero-padded) x[ci, lo + m·d·(k / d) + r·d + k % d]: input i = m·q + r of
       //    tile k is H[ci][r][k + q·d].
       for (int64_t ci = 0; ci < Cin; ++ci) {
@@ -325,7 +361,7 @@ void winograd_run(const ThreadPool& pool, const ConvWeight& cw, const float* x, 
           float out[kM][kStrip];
           output_transform(v, out);
           const float bc = bias ? bias[co] : 0.f;
-          float* yr = y + co * L;
+          float* yr = out_base + co * ldo - origin;  // indexed by position
           const float* res = fusion.residual ? fusion.residual + co * L : nullptr;
           auto one_by_one = [&](int64_t k, int64_t kend) {
             int64_t j = (s0 + k) % D, t = MD * (b0 + (s0 + k) / D) + j;  // output 0 of tile s0 + k
@@ -371,11 +407,87 @@ void winograd_run(const ThreadPool& pool, const ConvWeight& cw, const float* x, 
           }
           one_by_one(ke, cols);
         }
+        if (tail) {
+          // 3. conv2 over the buffer's complete columns: those of whole blocks done, in runs of 64
+          //    (the rest at the task's end). Snake in place, the one-tap products into V2 (one chain
+          //    over all input channels, as the direct kernel's tile), then bias, residual, store.
+          const bool end = s0 + kStrip >= n;
+          const int64_t complete = std::min(MD * ((s0 + cols) / D), L - origin);
+          const int64_t upto = end ? complete : complete / kStrip * kStrip;
+          if (upto <= done2) continue;
+          const ConvWeight& w2 = *tail->conv2;
+          for (int64_t c = 0; c < Cout; ++c)
+            snake_row(Uo.data() + c * uld + done2, tail->alpha2[c], tail->inv2[static_cast<size_t>(c)],
+                      Uo.data() + c * uld + done2, upto - done2, DType::F32);
+          for (int64_t c0 = done2; c0 < upto; c0 += kStrip) {
+            const int nc = static_cast<int>(std::min<int64_t>(kStrip, upto - c0));
+            conv_onetap_strip(w2, Uo.data() + c0, uld, nc, V2.data(), kStrip, Cout);
+            for (int64_t co = 0; co < Cout; ++co) {
+              if (c0 + 2 * kStrip <= upto || !end) {  // the next run's residual and output lines, into L2
+                const float* rn = tail->residual + co * L + origin + c0 + kStrip;
+                float* yn = y + co * L + origin + c0 + kStrip;
+                for (int q = 0; q < kStrip; q += 16) {
+                  __builtin_prefetch(rn + q, 0, 2);
+                  __builtin_prefetch(yn + q, 1, 2);
+                }
+              }
+              const float* v = V2.data() + co * kStrip;
+              const float* r = tail->residual + co * L + origin + c0;
+              float* yo = y + co * L + origin + c0;
+              const float b2 = tail->bias2 ? tail->bias2[co] : 0.f;
+              int i = 0;
+              for (; i + 16 <= nc; i += 16) {
+                v16 val = load16(v + i);
+                if (tail->bias2) val = val + b2;
+                store16(yo + i, load16(r + i) + val);
+              }
+              for (; i < nc; ++i) {
+                float val = v[i];
+                if (tail->bias2) val = val + b2;
+                yo[i] = r[i] + val;
+              }
+            }
+          }
+          done2 = upto;
+        }
       }
     }
   });
 }
 
+}  // namespace
+
+namespace detail {
+
+void winograd_run(const ThreadPool& pool, const ConvWeight& cw, const float* x, int64_t L, float* y,
+                  const ConvFusion& fusion) {
+  winograd_impl(pool, cw, x, L, y, fusion, nullptr);
+}
+
 }  // namespace detail
+
+bool conv_residual_unit_fuses(const ThreadPool& pool, const ConvWeight& conv1, const ConvWeight& conv2, int64_t L) {
+  if (tuning::forced(tuning::Knob::ResidualUnit) == 0) return false;
+  if (conv1.empty() || conv2.empty() || L < 1 || !conv1.winograd) return false;
+  const int64_t C = conv1.out_channels();
+  if (conv1.in_channels() != C || conv2.transposed() || conv2.kernel_size() != 1 || conv2.pad() != 0 ||
+      conv2.in_channels() != C || conv2.out_channels() != C)
+    return false;
+  const int64_t D = conv1.dilation(), ntiles = (L + kM * D - 1) / (kM * D) * D;
+  const int64_t tpt = unit_task_tiles(C, ntiles, pool.size(), D);
+  return (ntiles + tpt - 1) / tpt >= 4 * int64_t(pool.size());
+}
+
+void conv_residual_unit(const ThreadPool& pool, const ConvWeight& conv1, const float* alpha1, const ConvWeight& conv2,
+                        const float* alpha2, const float* x, int64_t L, float* y) {
+  MM3_CHECK(conv_residual_unit_fuses(pool, conv1, conv2, L) && alpha2,
+            "conv_residual_unit: weights or length it does not take (L={}), or no alpha2", L);
+  const int64_t C = conv1.out_channels();
+  MM3_CHECK(x + C * L <= y || y + C * L <= x, "conv_residual_unit: y overlaps x");
+  UnitTail tail{&conv2, alpha2, {}, detail::conv_bias(conv2), x};
+  tail.inv2.resize(static_cast<size_t>(C));
+  for (int64_t c = 0; c < C; ++c) tail.inv2[static_cast<size_t>(c)] = snake_inv(alpha2[c], DType::F32);
+  winograd_impl(pool, conv1, x, L, y, {.snake_alpha = alpha1}, &tail);
+}
 
 }  // namespace mm3::kern
