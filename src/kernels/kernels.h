@@ -405,7 +405,7 @@ class ConvWeight {
   std::shared_ptr<const void> gemm;
   // Backend-private bf16 channel-pair form of the direct kernel (conv_dpbf16); null when none.
   std::shared_ptr<const void> pairs;
-  // Backend-private fp32 Winograd form (conv_winograd's F(4,7), or conv_winograd_t's F(3,2) for a
+  // Backend-private fp32 Winograd form (conv_winograd's F(6,7), or conv_winograd_t's F(3,2) for a
   // ConvTranspose1d); null when none.
   std::shared_ptr<const void> winograd;
 
@@ -449,16 +449,19 @@ ConvWeight conv_dpbf16(const ConvWeight& w);
 ConvWeight conv_bf16_form(const ConvWeight& w);
 
 // A copy of a 7-tap, stride-1 Conv1d weight with padding 3·dilation (the vocoder's conv_in and
-// residual-unit conv1) that conv_packed runs, when store is F32, as Winograd F(4,7): per four outputs
-// y[t + e·d] 10 products over the input channels instead of 28 (cpu/conv_winograd.cpp). Not the direct
+// residual-unit conv1) that conv_packed runs, when store is F32, as Winograd F(6,7): per six outputs
+// y[t + e·d] 12 products over the input channels instead of 42 (cpu/conv_winograd.cpp). Not the direct
 // kernel's bits, nor its one-FMA-chain order: the transforms add rounding (rel RMS error against an
 // exact sum ~3e-6 on one layer where the direct kernel's is ~1e-6; the full-size vocoder 1.7e-5 against
 // 8e-6). Bits still depend neither on the thread count nor on the ISA path. Store BF16 ignores the
 // form. Returns w unchanged for other shapes, and when the environment sets MM3_CONV_WINOGRAD=0.
 ConvWeight conv_winograd(const ConvWeight& w);
-// The share of a layer's multiply-adds its Winograd form runs in its products (10 per 4 outputs
-// instead of 28).
-inline constexpr double kWinogradProductShare = 10.0 / 28.0;
+// Its points: the one-tap [Cout, Cin] point weights it holds per layer (memory), and the products per
+// tile of 6 outputs.
+inline constexpr int kWinogradPoints = 12;
+// The share of a layer's multiply-adds its Winograd form runs in its products (12 per 6 outputs
+// instead of 42).
+inline constexpr double kWinogradProductShare = kWinogradPoints / 42.0;
 
 // One residual unit of the vocoder (MODEL.md §5.1), y = x + conv2(snake(conv1(snake(x, alpha1)), alpha2)),
 // as one pass: conv1 a conv_winograd form, conv2 a one-tap Conv1d with as many input and output

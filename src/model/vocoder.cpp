@@ -152,7 +152,7 @@ Vocoder::Vocoder(const TensorStore& store, const VocoderConfig& cfg) : cfg_(cfg)
   Weights& w = *f32_;
   w.in_proj = conv("dec_in_proj", C / 2, Din, 1, 1, false);
   // The 7-tap layers (but conv_out, one output channel) also get the fp32 Winograd form (kernels.h
-  // conv_winograd: 10 products per 4 outputs instead of 28).
+  // conv_winograd: 12 products per 6 outputs instead of 42).
   w.conv_in = kern::conv_winograd(conv("conv_in", Din, Hd, 7, 1, true));
   int64_t ch = Hd;
   for (int i = 0; i < nb; ++i) {

@@ -28,7 +28,7 @@ uint64_t component_file_bytes(const Checkpoint& ckpt, const std::string& compone
 }
 
 // The fp32 vocoder's Winograd forms, held beside its packed weights (model/vocoder.cpp): the 7-tap convs'
-// (conv_in and each residual unit's conv1; kern::conv_winograd) 10 point weights per 7 taps, the
+// (conv_in and each residual unit's conv1; kern::conv_winograd) kWinogradPoints point weights per 7 taps, the
 // upsampling convs' (kern::conv_winograd_t) 4 per 2 taps. Nothing when MM3_CONV_WINOGRAD=0 turns them off.
 uint64_t vocoder_form_bytes(const VocoderConfig& v) {
   const std::vector<float> w(2 * 7, 0.f);
@@ -40,7 +40,7 @@ uint64_t vocoder_form_bytes(const VocoderConfig& v) {
     seven += 3 * out * out;                         // three residual units' conv1, per tap
     ch = out;
   }
-  return 4 * (10 * seven + 2 * up);
+  return 4 * (uint64_t(kern::kWinogradPoints) * seven + 2 * up);
 }
 
 constexpr uint64_t kMiB = 1ull << 20, kGiB = 1ull << 30;

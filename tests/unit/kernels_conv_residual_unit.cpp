@@ -1,7 +1,7 @@
 // kernels_conv_residual_unit.cpp — kern::conv_residual_unit (cpu/conv_winograd.cpp): one vocoder
 // residual unit, y = x + conv2(snake(conv1(snake(x, alpha1)), alpha2)), in one pass, against the two
 // conv_packed calls it replaces (bit for bit):
-// * odd sizes (long enough for 4 tasks per thread): L not a multiple of a 4d block nor of 64, channels not a multiple
+// * odd sizes (long enough for 4 tasks per thread): L not a multiple of a 6d block nor of 64, channels not a multiple
 // of the 6-channel
 //   tile, dilations 1, 3, 9 (tasks of whole blocks: 64·d/gcd(64, d) tiles), with and without conv2's
 //   bias, 1, 2 and 3 threads; nothing written outside y;
@@ -55,7 +55,7 @@ std::vector<float> separate(const ThreadPool& pool, const Unit& u, const std::ve
 TEST(KernelsConvResidualUnit, SameBitsAsTheTwoConvolutions) {
   ThreadPool p1(1), p2(2), p3(3);
   Rng rng(71);
-  for (const UCase& c : {UCase{13, 4100, 1}, UCase{20, 12001, 3}, UCase{7, 40000, 9}, UCase{96, 40001, 9}})
+  for (const UCase& c : {UCase{13, 6100, 1}, UCase{20, 18001, 3}, UCase{7, 60000, 9}, UCase{96, 60001, 9}})
     for (bool bias2 : {true, false}) {
       SCOPED_TRACE(describe(c) + (bias2 ? " with" : " without") + " conv2's bias");
       const Unit u = make_unit(rng, c, bias2);
@@ -79,7 +79,7 @@ TEST(KernelsConvResidualUnit, SameBitsAsTheTwoConvolutions) {
 TEST(KernelsConvResidualUnit, TakesOnlyItsShapes) {
   ThreadPool pool(2);
   Rng rng(72);
-  const UCase c{12, 12000, 3};
+  const UCase c{12, 18000, 3};
   const Unit u = make_unit(rng, c, true);
   EXPECT_TRUE(kern::conv_residual_unit_fuses(pool, u.conv1, u.conv2, c.L));
   EXPECT_FALSE(kern::conv_residual_unit_fuses(pool, u.conv1, u.conv2, 200)) << "too short for 8 tasks";

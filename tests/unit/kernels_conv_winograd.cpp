@@ -1,7 +1,7 @@
 // kernels_conv_winograd.cpp — kern::conv_winograd (cpu/conv_winograd.cpp): a 7-tap, stride-1 Conv1d
-// with padding 3·dilation run as Winograd F(4,7) by conv_packed (store F32), against the ref twin
+// with padding 3·dilation run as Winograd F(6,7) by conv_packed (store F32), against the ref twin
 // (ref::conv1d: double sums, one rounding) with the same ConvFusion:
-// * odd sizes: L = 1, L shorter than one 4d block, L not a multiple of 4d, layers of many tasks,
+// * odd sizes: L = 1, L shorter than one 6d block, L not a multiple of 6d, layers of many tasks,
 //   Cout not a multiple of the direct kernel's 6-channel tile, Cin above its 768-row one-tap slab;
 //   dilations 1, 2, 3, 9; every fusion (Snake, residual, both with the residual in place); guard zones;
 // * a per-output error bound from the transforms' magnitudes, and accuracy within a few times the
@@ -33,11 +33,11 @@ struct WCase {
 
 std::vector<WCase> cases() {
   return {
-      {3, 5, 1, 1},      // L = 1: one tile, six of its eight inputs padding
-      {4, 7, 5, 3},      // L < 4d: one block, most of it past the end
+      {3, 5, 1, 1},      // L = 1: one tile, eleven of its twelve inputs padding
+      {4, 7, 5, 3},      // L < 6d: one block, most of it past the end
       {7, 13, 101, 1},   // odd L, Cout = 2 tiles + 1
       {6, 4, 100, 2},    // dilation 2
-      {5, 9, 333, 9},    // dilation 9, L not a multiple of 36
+      {5, 9, 333, 9},    // dilation 9, L not a multiple of 54
       {2, 3, 5000, 3},   // many tasks
       {800, 7, 40, 1},   // Cin > one one-tap slab (768)
       {96, 96, 400, 9},  // a vocoder block-3 unit, shortened
@@ -51,24 +51,25 @@ kern::ConvWeight pack(const WCase& c, const std::vector<float>& w, const float* 
 std::string describe(const WCase& c) { return fmt::format("Cin={} Cout={} L={} d={}", c.Cin, c.Cout, c.L, c.dil); }
 
 // The algorithm's matrices, for the error bound only, rebuilt here from Toom-Cook at the points 0, ±1,
-// ±2, ±1/2, ±3/2, ∞ (unscaled: the bound's products |AT[e][p]|·|G[p]|·|BT[p]| do not depend on how a
-// row's scale is split between G and BT).
+// ±3/2, ±2/3, ±3, ±1/3, ∞ (unscaled: the bound's products |AT[e][p]|·|G[p]|·|BT[p]| do not depend on how
+// a row's scale is split between G, BT and AT).
+constexpr int kM = 6, kN = 12;  // outputs and points per tile
 struct Mats {
-  double BT[10][10] = {}, G[10][7] = {}, AT[4][10] = {};
+  double BT[kN][kN] = {}, G[kN][7] = {}, AT[kM][kN] = {};
 };
 const Mats& mats() {
   static const Mats M = [] {
-    const double a[9] = {0, 1, -1, 2, -2, 0.5, -0.5, 1.5, -1.5};
+    const double a[kN - 1] = {0, 1, -1, 1.5, -1.5, 2. / 3, -2. / 3, 3, -3, 1. / 3, -1. / 3};
     Mats r;
     auto mul_root = [](std::vector<double>& poly, double root) {  // poly *= (z - root)
       poly.push_back(0);
       for (size_t i = poly.size() - 1; i > 0; --i) poly[i] = poly[i - 1] - root * poly[i];
       poly[0] = -root * poly[0];
     };
-    for (int j = 0; j < 9; ++j) {  // BT row j: coefficients of the Lagrange basis polynomial of a[j]
+    for (int j = 0; j < kN - 1; ++j) {  // BT row j: coefficients of the Lagrange basis polynomial of a[j]
       std::vector<double> poly{1};
       double den = 1;
-      for (int k = 0; k < 9; ++k)
+      for (int k = 0; k < kN - 1; ++k)
         if (k != j) {
           mul_root(poly, a[k]);
           den *= a[j] - a[k];
@@ -77,31 +78,31 @@ const Mats& mats() {
     }
     std::vector<double> mz{1};  // row ∞: coefficients of prod (z - a_k)
     for (double root : a) mul_root(mz, root);
-    for (size_t i = 0; i < mz.size(); ++i) r.BT[9][i] = mz[i];
-    for (int p = 0; p < 10; ++p)
-      for (int k = 0; k < 7; ++k) r.G[p][k] = p < 9 ? std::pow(a[p], k) : (k == 6 ? 1 : 0);
-    for (int e = 0; e < 4; ++e)
-      for (int p = 0; p < 10; ++p) r.AT[e][p] = p < 9 ? std::pow(a[p], e) : (e == 3 ? 1 : 0);
+    for (size_t i = 0; i < mz.size(); ++i) r.BT[kN - 1][i] = mz[i];
+    for (int p = 0; p < kN; ++p)
+      for (int k = 0; k < 7; ++k) r.G[p][k] = p < kN - 1 ? std::pow(a[p], k) : (k == 6 ? 1 : 0);
+    for (int e = 0; e < kM; ++e)
+      for (int p = 0; p < kN; ++p) r.AT[e][p] = p < kN - 1 ? std::pow(a[p], e) : (e == kM - 1 ? 1 : 0);
     return r;
   }();
   return M;
 }
 
 // B(co, o) = sum_p |AT[e][p]| sum_ci |(G w)_p[co, ci]| sum_i |BT[p][i]| |x[ci, t + (i - 3)d]|, where o
-// is output e of the tile at t (o = t + e·d, tiles of 4 outputs). Every rounding of the transforms and
+// is output e of the tile at t (o = t + e·d, tiles of 6 outputs). Every rounding of the transforms and
 // of the products' chains is at most eps times a partial sum of these terms.
 double bound_terms(const WCase& c, const std::vector<float>& w, const std::vector<float>& x, int64_t co, int64_t o) {
   const Mats& M = mats();
-  const int64_t D = c.dil, blk = o / (4 * D), j = o % (4 * D);
+  const int64_t D = c.dil, blk = o / (kM * D), j = o % (kM * D);
   const int e = static_cast<int>(j / D);
-  const int64_t t = 4 * D * blk + (j % D);
+  const int64_t t = kM * D * blk + (j % D);
   double B = 0;
-  for (int p = 0; p < 10; ++p) {
+  for (int p = 0; p < kN; ++p) {
     if (M.AT[e][p] == 0) continue;
     for (int64_t ci = 0; ci < c.Cin; ++ci) {
       double g = 0, u = 0;
       for (int k = 0; k < 7; ++k) g += M.G[p][k] * w[(co * c.Cin + ci) * 7 + k];
-      for (int i = 0; i < 10; ++i) {
+      for (int i = 0; i < kN; ++i) {
         const int64_t src = t + (i - 3) * D;
         if (src >= 0 && src < c.L) u += std::fabs(M.BT[p][i] * x[ci * c.L + src]);
       }
@@ -178,9 +179,11 @@ TEST(KernelsConvWinograd, MatchesRefWithFusions) {
       }
 }
 
-// A precision budget against the exact sum: rel RMS below 4e-6 and within 8× the direct kernel's on the
-// same data, at layer shapes of the vocoder's kind (measured: 3.0-3.4e-6, 2.5-6.4× the direct kernel's;
-// with the products' input channels in one chain instead of chunks of 64: 3.7-9.5e-6, failing).
+// A precision budget against the exact sum: rel RMS below 5e-6 and within 10× the direct kernel's on
+// the same data, at layer shapes of the vocoder's kind. Measured, F(6,7): 3.7-4.3e-6, 3.2-8.0× the
+// direct kernel's; with the products' input channels in one chain instead of chunks of 64: 4.5-12.1e-6,
+// failing. (Until the thirtieth session F(4,7), 2.9-3.4e-6, held a budget of 4e-6 and 8×: F(6,7)'s
+// fifth fewer products cost ~1.25× its error, and the budget moved with that decision.)
 TEST(KernelsConvWinograd, AccuracyNearTheDirectKernels) {
   ThreadPool pool(2);
   Rng rng(62);
@@ -199,8 +202,8 @@ TEST(KernelsConvWinograd, AccuracyNearTheDirectKernels) {
     const double ed = rel_rms(yd.data(), want.data(), n), ew = rel_rms(yw.data(), want.data(), n);
     std::cout << "[ NOTE     ] " << describe(c) << ": rel RMS direct " << ed << ", Winograd " << ew << "\n";
     EXPECT_GT(ew, 0.0) << "the Winograd form did not run (same bits as an exact sum)";
-    EXPECT_LT(ew, 4e-6);
-    EXPECT_LT(ew, 8 * ed);
+    EXPECT_LT(ew, 5e-6);
+    EXPECT_LT(ew, 10 * ed);
   }
 }
 

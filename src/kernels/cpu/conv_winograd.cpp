@@ -1,20 +1,21 @@
 // conv_winograd.cpp — kern::conv_winograd (kernels.h): a stride-1, 7-tap Conv1d (any dilation d,
-// padding 3d: the vocoder's conv_in and residual-unit conv1) as Winograd F(4,7), for fp32 compute.
+// padding 3d: the vocoder's conv_in and residual-unit conv1) as Winograd F(6,7), for fp32 compute.
 //
-// Four outputs y[t + e·d], e < 4, of a 7-tap filter g read the 10 inputs x[t + (i−3)d], i < 10.
-// Winograd's minimal filtering algorithm (Toom-Cook at the points 0, ±1, ±2, ±1/2, ±3/2 and ∞)
-// computes them with 10 products instead of 28:
+// Six outputs y[t + e·d], e < 6, of a 7-tap filter g read the 12 inputs x[t + (i−3)d], i < 12.
+// Winograd's minimal filtering algorithm (Toom-Cook at the points 0, ±1, ±3/2, ±2/3, ±3, ±1/3 and ∞)
+// computes them with 12 products instead of 42:
 //     (y[t + e·d])_e = AT · [ (G g) ⊙ (BT x) ],
-// BT 10×10, G 10×7, AT 4×10 (built below in double). Over channels the products become 10 independent
-// matrix products, one per point p: V_p[co, n] = sum_ci Gw_p[co, ci] · U_p[ci, n], where U_p = BT_p x
-// (the input transform of tile n, per input channel) and Gw_p = G_p g (the weights, transformed once
-// at load). 2.8× fewer multiply-adds than the direct kernel, plus transforms that cost O(Cin + Cout)
-// per tile against the products' O(Cin·Cout).
+// BT 12×12, G 12×7, AT 6×12 (below). Over channels the products become 12 independent matrix products,
+// one per point p: V_p[co, n] = sum_ci Gw_p[co, ci] · U_p[ci, n], where U_p = BT_p x (the input
+// transform of tile n, per input channel) and Gw_p = G_p g (the weights, transformed once at load).
+// 3.5× fewer multiply-adds than the direct kernel, plus transforms that cost O(Cin + Cout) per tile
+// against the products' O(Cin·Cout). (Until the thirtieth session F(4,7): 10 products per 4 outputs,
+// 2.8× fewer; F(6,7) runs a fifth fewer, for ~1.2× its error, below.)
 //
-// Tiles. Outputs go in blocks of 4d: block b holds t = 4db + j + e·d for j < d, e < 4; tile k = b·d + j.
-// Seen from a task's first block b0, input i = 4q + r of tile k is H_r[k + q·d], where the H_r are the
+// Tiles. Outputs go in blocks of 6d: block b holds t = 6db + j + e·d for j < d, e < 6; tile k = b·d + j.
+// Seen from a task's first block b0, input i = 6q + r of tile k is H_r[k + q·d], where the H_r are the
 // task's (Snake'd, zero-padded) input deinterleaved by runs of d: H_r[b'·d + j] =
-// x[4d(b0 + b') + r·d + j − 3d]. So every input transform is a sum of shifted contiguous rows.
+// x[6d(b0 + b') + r·d + j − 3d]. So every input transform is a sum of shifted contiguous rows.
 //
 // Work split: a task is a run of whole 64-tile strips (task_tiles), taken by whichever thread is free;
 // it builds its H rows (all input channels, from the block of its first tile), then goes through its
@@ -25,10 +26,12 @@
 // Numerics. Not the direct kernel's bits: the transforms add rounding, and the cancellation in AT
 // amplifies the products' rounding. To keep the error near the direct kernel's, each V_p sums its input
 // channels in chunks of 64 (each chunk one FMA chain from 0, the chunks added in order) instead of one
-// chain. Measured (rel RMS against an fp64 evaluation): one 192-channel layer 3.2e-6 with chunks, 5.0e-6
-// without, the direct kernel 6.5e-7; the whole full-size vocoder (random weights, L = 120) 1.74e-5
-// (4.9e-5 unchunked; the direct kernel 8.2e-6, torch's fp32 2.3e-6; F(2,7) chunked 6.2e-6 but ~1.3 s
-// slower per window); the golden vocoder cases (vocoder_crosscheck.py) 2.4-3.0e-7 against a rule of 1e-5.
+// chain. Measured (rel RMS against an fp64 evaluation), F(4,7) (sessions eleven to twenty-nine): one
+// 192-channel layer 3.2e-6 with chunks, 5.0e-6 without, the direct kernel 6.5e-7; the whole full-size
+// vocoder (random weights, L = 120) 1.74e-5 (4.9e-5 unchunked; the direct kernel 8.2e-6, torch's fp32
+// 2.3e-6; F(2,7) chunked 6.2e-6 but ~1.3 s slower per window); the golden vocoder cases
+// (vocoder_crosscheck.py) 2.4-3.0e-7 against a rule of 1e-5. F(6,7): see AccuracyNearTheDirectKernels
+// and docs/performance-history.md (thirtieth session).
 // The transforms are fixed sequences of fp32 multiplies and adds, so bits depend neither on the thread
 // count nor on the ISA path. Store BF16 ignores the form (it would round the transformed values);
 // MM3_CONV_WINOGRAD=0 turns it off.
@@ -54,46 +57,53 @@ namespace mm3::kern {
 namespace {
 
 constexpr int kTaps = 7;
-constexpr int kM = 4;                             // outputs per tile
+constexpr int kM = 6;                             // outputs per tile
 constexpr int kPts = kM + kTaps - 1;              // points (products per tile)
+static_assert(kPts == kWinogradPoints, "kernels.h states the point count");
 constexpr int64_t kStrip = 64;                    // tiles per strip: the direct kernel's tile width
 constexpr int64_t kChunk = 64;                    // input channels per FMA chain of a product (see Numerics)
 constexpr int64_t kTaskBytes = int64_t(2) << 20;  // a task's H rows
 
-// F(4,7) from Toom-Cook at the points 0, 1, −1, 2, −2, 1/2, −1/2, 3/2, −3/2 and ∞ (rows p in that
-// order). Each BT row is scaled so its smallest entry is ±1, times the least integer making every
-// entry a multiple of 1/256 (rows 3 and 4 had ninths), and G carries the inverse scale: every BT and
-// AT entry is exact in fp32, and G is applied in double at load. (tests/unit/kernels_conv_winograd.cpp
-// rebuilds the unscaled matrices from the points.)
+// F(6,7) from Toom-Cook at the points 0, 1, −1, 3/2, −3/2, 2/3, −2/3, 3, −3, 1/3, −1/3 and ∞ (rows p in
+// that order). Each BT row (the Lagrange basis polynomial of its point, ∞: the product of (z − a) over
+// the finite points) is scaled to coprime integers, each AT column (the powers of its point) likewise,
+// and G carries both inverse scales: every BT and AT entry is an exact fp32 integer (at most 12427),
+// and G is applied in double at load. tests/unit/kernels_conv_winograd.cpp rebuilds the unscaled
+// matrices from the points. The points: of the sets of five ± pairs among 1, 2, 1/2, 3/2, 2/3, 3/4,
+// 4/3, 1/4, 3, 1/3, 5/4, 4/5 this one gave the least error in an fp32 emulation of the whole layer
+// (rel RMS ~1.2× F(4,7)'s at the points 0, ±1, ±2, ±1/2, ±3/2; adding ±2/3 to those: ~1.8×).
 constexpr float kBT[kPts][kPts] = {
-    {2.25f, 0, -12.8125f, 0, 17.0625f, 0, -7.5f, 0, 1, 0},
-    {0, -2.25f, -2.25f, 10.5625f, 10.5625f, -6.5f, -6.5f, 1, 1, 0},
-    {0, 2.25f, -2.25f, -10.5625f, 10.5625f, 6.5f, -6.5f, -1, 1, 0},
-    {0, -18, -9, 98, 49, -112, -56, 32, 16, 0},
-    {0, 18, -9, -98, 49, 112, -56, -32, 16, 0},
-    {0, 9, 18, -15.25f, -30.5f, 7.25f, 14.5f, -1, -2, 0},
-    {0, -9, 18, 15.25f, -30.5f, -7.25f, 14.5f, 1, -2, 0},
-    {0, 1.5f, 1, -7.875f, -5.25f, 7.875f, 5.25f, -1.5f, -1, 0},
-    {0, -1.5f, 1, 7.875f, -5.25f, -7.875f, 5.25f, 1.5f, -1, 0},
-    {0, 2.25f, 0, -12.8125f, 0, 17.0625f, 0, -7.5f, 0, 1},
+    {324, 0, -4149, 0, 12427, 0, -12427, 0, 4149, 0, -324, 0},
+    {0, 324, 324, -3825, -3825, 8602, 8602, -3825, -3825, 324, 324, 0},
+    {0, -324, 324, 3825, -3825, -8602, 8602, 3825, -3825, -324, 324, 0},
+    {0, -108, -72, 1335, 890, -3549, -2366, 2565, 1710, -243, -162, 0},
+    {0, 108, -72, -1335, 890, 3549, -2366, -2565, 1710, 243, -162, 0},
+    {0, -162, -243, 1710, 2565, -2366, -3549, 890, 1335, -72, -108, 0},
+    {0, 162, -243, -1710, 2565, 2366, -3549, -890, 1335, 72, -108, 0},
+    {0, 108, 36, -1371, -457, 3990, 1330, -3699, -1233, 972, 324, 0},
+    {0, -108, 36, 1371, -457, -3990, 1330, 3699, -1233, -972, 324, 0},
+    {0, 324, 972, -1233, -3699, 1330, 3990, -457, -1371, 36, 108, 0},
+    {0, -324, 972, 1233, -3699, -1330, 3990, 457, -1371, -36, 108, 0},
+    {0, -324, 0, 4149, 0, -12427, 0, 12427, 0, -4149, 0, 324},
 };
 constexpr float kAT[kM][kPts] = {
-    {1, 1, 1, 1, 1, 1, 1, 1, 1, 0},
-    {0, 1, -1, 2, -2, 0.5f, -0.5f, 1.5f, -1.5f, 0},
-    {0, 1, 1, 4, 4, 0.25f, 0.25f, 2.25f, 2.25f, 0},
-    {0, 1, -1, 8, -8, 0.125f, -0.125f, 3.375f, -3.375f, 1},
+    {1, 1, 1, 32, 32, 243, 243, 1, 1, 243, 243, 0}, {0, 1, -1, 48, -48, 162, -162, 3, -3, 81, -81, 0},
+    {0, 1, 1, 72, 72, 108, 108, 9, 9, 27, 27, 0},   {0, 1, -1, 108, -108, 72, -72, 27, -27, 9, -9, 0},
+    {0, 1, 1, 162, 162, 48, 48, 81, 81, 3, 3, 0},   {0, 1, -1, 243, -243, 32, -32, 243, -243, 1, -1, 1},
 };
 constexpr double kG[kPts][kTaps] = {
-    {4. / 9, 0, 0, 0, 0, 0, 0},
-    {8. / 45, 8. / 45, 8. / 45, 8. / 45, 8. / 45, 8. / 45, 8. / 45},
-    {8. / 45, -8. / 45, 8. / 45, -8. / 45, 8. / 45, -8. / 45, 8. / 45},
-    {1. / 2520, 1. / 1260, 1. / 630, 1. / 315, 2. / 315, 4. / 315, 8. / 315},
-    {1. / 2520, -1. / 1260, 1. / 630, -1. / 315, 2. / 315, -4. / 315, 8. / 315},
-    {8. / 45, 4. / 45, 2. / 45, 1. / 45, 1. / 90, 1. / 180, 1. / 360},
-    {8. / 45, -4. / 45, 2. / 45, -1. / 45, 1. / 90, -1. / 180, 1. / 360},
-    {16. / 315, 8. / 105, 4. / 35, 6. / 35, 9. / 35, 27. / 70, 81. / 140},
-    {16. / 315, -8. / 105, 4. / 35, -6. / 35, 9. / 35, -27. / 70, 81. / 140},
-    {0, 0, 0, 0, 0, 0, 1},
+    {1. / 324, 0, 0, 0, 0, 0, 0},
+    {1. / 3200, 1. / 3200, 1. / 3200, 1. / 3200, 1. / 3200, 1. / 3200, 1. / 3200},
+    {1. / 3200, -1. / 3200, 1. / 3200, -1. / 3200, 1. / 3200, -1. / 3200, 1. / 3200},
+    {8. / 6081075, 4. / 2027025, 2. / 675675, 1. / 225225, 1. / 150150, 1. / 100100, 3. / 200200},
+    {8. / 6081075, -4. / 2027025, 2. / 675675, -1. / 225225, 1. / 150150, -1. / 100100, 3. / 200200},
+    {3. / 200200, 1. / 100100, 1. / 150150, 1. / 225225, 2. / 675675, 4. / 2027025, 8. / 6081075},
+    {3. / 200200, -1. / 100100, 1. / 150150, -1. / 225225, 2. / 675675, -4. / 2027025, 8. / 6081075},
+    {1. / 23950080, 1. / 7983360, 1. / 2661120, 1. / 887040, 1. / 295680, 1. / 98560, 3. / 98560},
+    {1. / 23950080, -1. / 7983360, 1. / 2661120, -1. / 887040, 1. / 295680, -1. / 98560, 3. / 98560},
+    {3. / 98560, 1. / 98560, 1. / 295680, 1. / 887040, 1. / 2661120, 1. / 7983360, 1. / 23950080},
+    {3. / 98560, -1. / 98560, 1. / 295680, -1. / 887040, 1. / 2661120, -1. / 7983360, 1. / 23950080},
+    {0, 0, 0, 0, 0, 0, 1. / 324},
 };
 
 // 16 floats as one GCC/Clang vector value: the transforms below are lane-wise fp32 multiplies and
@@ -109,7 +119,7 @@ inline v16 load16(const float* p) {
 }
 inline void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
 
-// The points after 0 come in pairs ±a (rows 2k−1 and 2k, k = 1..4), so BT's row for −a is the row for +a
+// The points after 0 come in pairs ±a (rows 2k−1 and 2k, k = 1..5), so BT's row for −a is the row for +a
 // with its odd-index entries negated, and AT's column for −a is the column for +a times (−1)^e. The
 // transforms share that work: U_{2k−1}, U_{2k} = E − O, E + O, with E the row's even-index terms and O
 // the odd-index terms of the row for −a; and output e sums S_k = V_{2k−1} + V_{2k} (e even) or
@@ -118,7 +128,7 @@ inline void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
 // 2.9-3.4e-6 either way). vocoder_L689 on Zen 4, binaries alternating ×3: two threads 6.50-6.68 ->
 // 6.49-6.53 s, one thread 12.69 / 13.10 -> 12.62 / 12.86 s.
 constexpr bool pairs_mirror() {
-  for (int k = 1; k <= 4; ++k) {
+  for (int k = 1; k <= (kPts - 2) / 2; ++k) {
     const int a = 2 * k - 1, b = 2 * k;
     for (int i = 0; i < kPts; ++i)
       if (kBT[b][i] != (i % 2 ? -kBT[a][i] : kBT[a][i])) return false;
@@ -127,7 +137,7 @@ constexpr bool pairs_mirror() {
   }
   return true;
 }
-static_assert(pairs_mirror(), "F(4,7)'s points must come in ± pairs at rows 2k−1, 2k");
+static_assert(pairs_mirror(), "the points must come in ± pairs at rows 2k−1, 2k");
 
 // acc = sum of coef[i] · v[i] over the nonzero coefficients with i ≡ par (mod 2) (par < 0: all i), in
 // ascending i: the first term a product, then one add per term (fp-contract is off: no fusing).
@@ -192,17 +202,44 @@ void output_transform(const float* const (&v)[kPts], float (&out)[kM][kStrip]) {
 }
 
 // H rows of one channel from its Snake'd segment s (see winograd_run's step 1): H[r][k] =
-// s[m·d·(k / d) + r·d + k % d] for r < 4, k < rowlen (rows rowlen apart). Only moves values.
-// d = 1: a stride-4 deinterleave, 16 columns of every row from 64 floats by two-source shuffles;
+// s[m·d·(k / d) + r·d + k % d] for r < m, k < rowlen (rows rowlen apart). Only moves values.
+// d = 1: a stride-6 deinterleave, 16 columns of every row from 96 floats by two-source shuffles;
 // d = 3, 9 (the vocoder's other dilations): runs of d floats as fixed-size copies; else run by run.
 typedef int32_t i16v __attribute__((vector_size(64)));
-template <int R>
-inline v16 deinterleave4(v16 a, v16 b, v16 c, v16 d) {
-  // lanes 0-7 of the pair's result: element 4i + R of a|b (i < 8); then c|d's into lanes 8-15
-  const i16v m1 = {R, 4 + R, 8 + R, 12 + R, 16 + R, 20 + R, 24 + R, 28 + R, 0, 0, 0, 0, 0, 0, 0, 0};
-  const i16v m2 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
-  return __builtin_shuffle(__builtin_shuffle(a, b, m1), __builtin_shuffle(c, d, m1), m2);
+// Lane j of row R is element 6j + R of a[0..5] (96 floats): picked from the pairs a0|a1, a2|a3, a4|a5
+// (pick: the index in the pair starting at float B, 0 where lane j's element is not in it), then the
+// three merged lane by lane (from_second: lane j from the second operand where element 6j + R >= B).
+template <int R, int B>
+constexpr int pick(int j) {
+  const int i = 6 * j + R - B;
+  return i >= 0 && i < 32 ? i : 0;
 }
+template <int R, int B>
+constexpr int from_second(int j) {
+  return 6 * j + R >= B ? 16 + j : j;
+}
+#define MM3_LANES16(F) \
+  { F(0), F(1), F(2), F(3), F(4), F(5), F(6), F(7), F(8), F(9), F(10), F(11), F(12), F(13), F(14), F(15) }
+template <int R>
+inline v16 deinterleave6(const v16 (&a)[6]) {
+  static_assert(kM == 6);
+#define MM3_M0(j) pick<R, 0>(j)
+#define MM3_M1(j) pick<R, 32>(j)
+#define MM3_M2(j) pick<R, 64>(j)
+#define MM3_C1(j) from_second<R, 32>(j)
+#define MM3_C2(j) from_second<R, 64>(j)
+  constexpr i16v m0 = MM3_LANES16(MM3_M0), m1 = MM3_LANES16(MM3_M1), m2 = MM3_LANES16(MM3_M2);
+  constexpr i16v c1 = MM3_LANES16(MM3_C1), c2 = MM3_LANES16(MM3_C2);
+#undef MM3_M0
+#undef MM3_M1
+#undef MM3_M2
+#undef MM3_C1
+#undef MM3_C2
+  const v16 lo = __builtin_shuffle(a[0], a[1], m0), mid = __builtin_shuffle(a[2], a[3], m1),
+            hi = __builtin_shuffle(a[4], a[5], m2);
+  return __builtin_shuffle(__builtin_shuffle(lo, mid, c1), hi, c2);
+}
+#undef MM3_LANES16
 
 template <int D>
 void copy_runs(const float* s, float* h, int64_t rowlen) {
@@ -220,12 +257,14 @@ void build_h(const float* s, float* h, int64_t rowlen, int64_t D) {
   if (D == 1) {
     int64_t k = 0;
     for (; k + 16 <= rowlen; k += 16) {
-      const v16 a = load16(s + 4 * k), b = load16(s + 4 * k + 16), c = load16(s + 4 * k + 32),
-                d = load16(s + 4 * k + 48);
-      store16(h + k, deinterleave4<0>(a, b, c, d));
-      store16(h + rowlen + k, deinterleave4<1>(a, b, c, d));
-      store16(h + 2 * rowlen + k, deinterleave4<2>(a, b, c, d));
-      store16(h + 3 * rowlen + k, deinterleave4<3>(a, b, c, d));
+      v16 a[6];
+      for (int v = 0; v < 6; ++v) a[v] = load16(s + kM * k + 16 * v);
+      store16(h + k, deinterleave6<0>(a));
+      store16(h + rowlen + k, deinterleave6<1>(a));
+      store16(h + 2 * rowlen + k, deinterleave6<2>(a));
+      store16(h + 3 * rowlen + k, deinterleave6<3>(a));
+      store16(h + 4 * rowlen + k, deinterleave6<4>(a));
+      store16(h + 5 * rowlen + k, deinterleave6<5>(a));
     }
     for (; k < rowlen; ++k)
       for (int r = 0; r < kM; ++r) h[r * rowlen + k] = s[k * kM + r];
