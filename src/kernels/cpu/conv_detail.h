@@ -19,8 +19,12 @@ float snake_inv(float alpha, DType store);
 // bits kern::snake gives.
 void snake_row(const float* x, float alpha, float inv, float* y, int64_t n, DType store);
 
-// y[i] = sin(x[i]) by snake_row's sine (the vector one where the CPU has AVX-512), for its tests.
+// y[i] = sin(x[i]) by the bf16 snake_row's sine (the vector one where the CPU has AVX-512 or AVX2),
+// for its tests.
 void sin_row(const float* x, float* y, int64_t n);
+// y[i] = sin(x[i])² as the fp32 snake_row computes it (one vector sequence, not a sine then its
+// square; std::sin squared without AVX2), for its tests.
+void sin2_row(const float* x, float* y, int64_t n);
 
 // The torch-layout weight and bias [Cout] (empty without) of a packed layer (conv_direct.cpp): a
 // Conv1d's [Cout, Cin, K], a ConvTranspose1d's [Cin, Cout, K].
