@@ -271,8 +271,8 @@ RegisterStage reg_vocoder{{
     .name = "vocoder_L689",
     .description = "Vocoder::decode of one 689-latent window (hop 512: 352768 stereo samples, 8.0 s at 44.1 kHz), "
                    "F32; flops = 2 per multiply-add of every conv as the model defines it (both streams), so "
-                   "gflop_per_s is a direct-equivalent rate: the 7-tap convs run as Winograd F(4,7) (10 of their 28 "
-                   "multiply-adds per 4 outputs), the transposed convs as F(3,2) (4 of 6 per 3 inputs and phase; "
+                   "gflop_per_s is a direct-equivalent rate: the 7-tap convs run as Winograd F(6,7) (12 of their 42 "
+                   "multiply-adds per 6 outputs), the transposed convs as F(3,2) (4 of 6 per 3 inputs and phase; "
                    "MM3_CONV_WINOGRAD=0 runs both direct); info: flops_executed "
                    "(the multiply-adds actually run, x 2); audio_s_per_s = audio seconds per wall second at the "
                    "median",

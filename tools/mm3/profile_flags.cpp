@@ -9,9 +9,11 @@ void add_profile_flags(CLI::App& sub, ProfileArgs& a) {
   sub.add_option(
       "--acoustic-precision", a.acoustic_precision,
       "DiT + vocoder compute: f32 (default; the reference profile, exact against the goldens; the vocoder's "
-      "7-tap convs as Winograd F(4,7), environment MM3_CONV_WINOGRAD=0 for the direct form; MM3_STRASSEN=1 runs "
+      "7-tap convs as Winograd F(6,7), environment MM3_CONV_WINOGRAD=0 for the direct form; MM3_STRASSEN=1 runs "
       "the DiT's FF GEMMs as Strassen's 7 half-size products: 2-3% faster, +5.4 GB) or bf16 "
-      "(measured: the DiT 1.8x faster on Zen 4, 2.9x with AMX; the vocoder 1.3-1.9x; needs AVX512-BF16; the "
+      "(measured: the DiT 1.8x faster on Zen 4, 2.9x with AMX; the vocoder 1.3x with AMX, on Zen 4 no faster than "
+      "f32's "
+      "Winograd forms; needs AVX512-BF16; the "
       "waveform moves ~3% RMS from f32's)");
   sub.add_option("--quant", a.quant,
                  "LM + depth-decoder weights: bf16 (the reference), int8 or q4 (AR frames 1.5-1.9x / 2.0-3.0x faster, measured; "
