@@ -452,9 +452,10 @@ ConvWeight conv_bf16_form(const ConvWeight& w);
 // residual-unit conv1) that conv_packed runs, when store is F32, as Winograd F(6,7): per six outputs
 // y[t + e·d] 12 products over the input channels instead of 42 (cpu/conv_winograd.cpp). Not the direct
 // kernel's bits, nor its one-FMA-chain order: the transforms add rounding (rel RMS error against an
-// exact sum ~3e-6 on one layer where the direct kernel's is ~1e-6; the full-size vocoder 1.7e-5 against
-// 8e-6). Bits still depend neither on the thread count nor on the ISA path. Store BF16 ignores the
-// form. Returns w unchanged for other shapes, and when the environment sets MM3_CONV_WINOGRAD=0.
+// exact sum ~4e-6 on one layer where the direct kernel's is ~1e-6; with F(4,7), until the thirtieth
+// session, ~3e-6, and the full-size vocoder 1.7e-5 against the direct kernel's 8e-6). Bits still depend neither on the
+// thread count nor on the ISA path. Store BF16 ignores the form. Returns w unchanged for other shapes, and when the
+// environment sets MM3_CONV_WINOGRAD=0.
 ConvWeight conv_winograd(const ConvWeight& w);
 // Its points: the one-tap [Cout, Cin] point weights it holds per layer (memory), and the products per
 // tile of 6 outputs.

@@ -21,7 +21,9 @@
 // it builds its H rows (all input channels, from the block of its first tile), then goes through its
 // tiles in strips of 64 (the direct kernel's register tile width): U_p of the strip for every point,
 // then V_p (conv_detail.h conv_onetap_strip: the direct kernel's one-tap register tile, 6 channels × 64
-// tiles), then the output transform of the strip into y. One synchronisation per call.
+// tiles), then the output transform of the strip into y. One synchronisation per call. A fused
+// residual unit (conv_residual_unit) sends the output transform to the task's buffer instead, and after
+// each strip runs Snake, conv2 and the residual add over the buffer's completed positions into y.
 //
 // Numerics. Not the direct kernel's bits: the transforms add rounding, and the cancellation in AT
 // amplifies the products' rounding. To keep the error near the direct kernel's, each V_p sums its input
@@ -286,7 +288,7 @@ struct WinoForm {
 
 // Tiles per task: a whole number of 64-tile strips (only a layer's last task ends in a partial strip,
 // which the products run at the tiles' generic path and pay for all 64 columns), the task's H rows
-// (4·Cin floats per tile) about kTaskBytes, and at least 4 tasks per thread where the layer is long
+// (6·Cin floats per tile) about kTaskBytes, and at least 4 tasks per thread where the layer is long
 // enough (balance on a shared host).
 int64_t task_tiles(int64_t Cin, int64_t ntiles, int workers) {
   const int64_t by_size = std::clamp<int64_t>(kTaskBytes / (4 * kM * Cin), kStrip, 4096);
