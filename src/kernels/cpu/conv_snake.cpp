@@ -101,10 +101,10 @@ MM3_AVX512_TARGET inline __m512 rnd_t(__m512 v) {
 
 // sin(x)^2 of N vectors (fp32 Snake): x reduced as in sin_512 to r = x − j·π/2, |r| <= π/4, then
 // sin² r = z·P(z), z = r², P the Taylor series of sin² r / r² through z^5 (its next term is below 1e-8
-// of P on |r| <= π/4), and cos² r = 1 − sin² r in the odd quadrants. 14 operations after the
-// reduction where sin_512 then squaring take 19, so the fp32 Snake ~1/4 cheaper; not torch's op
-// sequence (sin, then pow 2), a value within ~2 ulps of the true square (KernelsConvSnake.*). The AVX2
-// twin runs the same operations.
+// of P on |r| <= π/4), and cos² r = 1 − sin² r in the odd quadrants. 10 operations after the
+// reduction where sin_512 then squaring take 17, so the fp32 Snake ~1/4 cheaper; not torch's op
+// sequence (sin, then pow 2), a value within 3.32 ulps of the true square where the sine squared is
+// within 3.23 (KernelsConvSnake.SineSquaredWithinFourUlps). The AVX2 twin runs the same operations.
 template <int N>
 MM3_AVX512_TARGET inline void sin2_512(const __m512 (&x)[N], __m512 (&out)[N]) {
   const __m512 P1 = _mm512_set1_ps(1.57079637050628662109375f);
