@@ -1,5 +1,6 @@
 // tuning.h — choices between forms of a kernel that give the same bits and differ only in speed
-// (the order a GEMV reads its weight rows in, whether it issues software prefetches). Each kernel
+// (the order a GEMV reads its weight rows in, whether it issues software prefetches, whether the
+// vocoder runs a residual unit as one pass). Each kernel
 // makes its choice per CPU; a knob can force it, from the environment (read once, at first use) or at
 // run time, which is how `mm3 bench --alternate KNOB=A,B` compares two forms run by run inside one
 // process: on a shared host whose memory bandwidth moves by 2x within minutes, separate processes
