@@ -208,15 +208,17 @@ TEST(KernelsLinear, Bf16GemvSameBitsWhereverTheWeightSitsInALine) {
     }
 }
 
-// The bf16 GEMV walks rows one after another, or 4 side by side where the M bf16 rows of x outgrow
-// a quarter of the L1D (linear.cpp, gemv_bf16_span); rows past the last group of 4 go alone. Every row
-// must come out bitwise as a one-row weight of it gives it, in both regimes (K below and above the
-// threshold, K a multiple of 32 and not). RED: the 4-row body's masked tail into chain 1 fails the
-// long-K cases.
+// The bf16 GEMV walks rows one after another, or 4 or 8 side by side (8 on Zen 4) where the M bf16
+// rows of x outgrow a quarter of the L1D (linear.cpp, gemv_bf16_span); rows past the last group of 8
+// go 4 side by side, then alone. Every row must come out bitwise as a one-row weight of it gives it, in
+// both regimes (K below and above the threshold, K a multiple of 32 and not); ctest runs this with
+// each gemv_rows value forced as well (kernels_bf16_gemv_rows_{1,4,8}). RED: the 4-row body's masked
+// tail into chain 1 fails the long-K cases; so does the same slip for rows 4-7 of the 8-row body only,
+// under MM3_GEMV_ROWS=8 and by default on Zen 4 (M = 1, K = 4133).
 TEST(KernelsLinear, Bf16GemvRowsSideBySideSameBitsAsAlone) {
   ThreadPool pool(2);
   Rng rng(321);
-  const int64_t N = 11;  // two groups of 4, then 3 rows alone
+  const int64_t N = 15;  // a group of 8, a group of 4, then 3 rows alone (4 side by side: three groups of 4)
   const int64_t l1d = kern::detail::cpu_l1d_bytes();
   for (int64_t M : {1, 2, 3, 4})
     for (int64_t K : {int64_t(96), int64_t(517), l1d / (8 * M) / 32 * 32 + 64, l1d / (8 * M) + 37}) {

@@ -117,7 +117,7 @@ void blas_threads(const ThreadPool& pool) {
 
 // ---- GEMV bodies: sums[m * N + n] = sum_k x[m, k] * W[n, k] for n in [n0, n1) ----
 
-// The AVX-512 bodies work on NB = 4 output rows at a time (the bf16 body: 1 or 4, see gemv_bf16_span)
+// The AVX-512 bodies work on NB = 4 output rows at a time (the bf16 body: 1, 4 or 8, see gemv_bf16_span)
 // with C independent accumulator chains per (row, m), so that enough FMA / VDPBF16PS chains are in
 // flight to hide their latency (2 chains per row were latency-bound at ~100 GFLOP/s on L2-resident
 // weights; streamed from memory on Zen 4, one row's 2 x M chains were enough). Chain c takes the
@@ -298,16 +298,29 @@ bool gemv_bf16_prefetch() {
 // 11.2-12.5 GB/s on one thread, 23.7-24.1 on two, 4 side by side 19.9-21.0 and 31.8-38.5. A row's
 // operations do not depend on its neighbours: the same bits either way.
 // The knob gemv_rows (MM3_GEMV_ROWS=1 or 4; `mm3 bench --alternate gemv_rows=1,4`) forces one order.
-bool gemv_rows_side_by_side(int64_t M, int64_t Kp) {
+// Side by side means 8 rows on Zen 4 (thirty-first session; AMD family 19h), 4 elsewhere. With
+// `mm3 bench --alternate gemv_rows=4,8` (20-24 runs, one process) 8 ÷ 4 read: ar_frame 0.957 / 0.881
+// (probe 35 / 56 GB/s), 0.874 on one thread; depth_frame 0.895 / 0.917, one thread 0.858; lm_step 0.964;
+// gemv_bf16_{4096x12288, 12288x4096, 4096x1024}_m2 0.926 / 0.954 / 0.971. A scratch copy of the body
+// on one core (M = 2, K = 4096, huge pages): 4 / 6 / 8 / 12 / 16 rows 18.6-19.1 / 20.1 / 20.9-21.4 /
+// 19.4 / 19.1 GB/s where a plain sum of one stream reads 26-27 and of four streams side by side 21
+// (PREFETCHT1 2 KiB ahead in each): the four streams, more than the x loads, hold the 4-row body back.
+// Other CPUs were not measured with 8 (try --alternate gemv_rows=4,8 there).
+int gemv_bf16_rows(int64_t M, int64_t Kp) {
   const int forced = tuning::forced(tuning::Knob::GemvRows);
-  return forced > 0 ? forced == 4 : 2 * M * Kp > detail::cpu_l1d_bytes() / 4;
+  if (forced > 0) return forced;
+  static const int wide = __builtin_cpu_is("amd") && __builtin_cpu_is("amdfam19h") ? 8 : kGemvNB;
+  return 2 * M * Kp > detail::cpu_l1d_bytes() / 4 ? wide : 1;
 }
 
 template <int M, int SH, bool PF>
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16"), no_sanitize_address)) void gemv_bf16_span(
     const uint16_t* xb, int64_t Kp, const uint16_t* w, int64_t K, int64_t n0, int64_t n1, float* sums, int64_t N) {
   int64_t n = n0;
-  if (gemv_rows_side_by_side(M, Kp))
+  const int rows = gemv_bf16_rows(M, Kp);
+  if (rows == 8)
+    for (; n + 8 <= n1; n += 8) gemv_rows_bf16<M, 8, SH, PF>(xb, Kp, w, K, n, sums, N);
+  if (rows >= kGemvNB)
     for (; n + kGemvNB <= n1; n += kGemvNB) gemv_rows_bf16<M, kGemvNB, SH, PF>(xb, Kp, w, K, n, sums, N);
   for (; n < n1; ++n) gemv_rows_bf16<M, 1, SH, PF>(xb, Kp, w, K, n, sums, N);
 }
