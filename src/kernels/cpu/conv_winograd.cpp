@@ -241,7 +241,75 @@ inline v16 deinterleave6(const v16 (&a)[6]) {
             hi = __builtin_shuffle(a[4], a[5], m2);
   return __builtin_shuffle(__builtin_shuffle(lo, mid, c1), hi, c2);
 }
+
+// The inverse, for the output side: positions 16·O + l (l < 16) of the 96 that 16 tiles' six outputs fill
+// in position order (d = 1), from a[e] = output e of those tiles: lane l holds a[p % 6][p / 6], p = 16·O + l.
+// Picked from the pairs a0|a1, a2|a3, a4|a5, then merged lane by lane.
+template <int O, int P>
+constexpr int pick_out(int l) {
+  const int p = 16 * O + l, e = p % 6;
+  return e / 2 == P ? (e % 2) * 16 + p / 6 : 0;
+}
+template <int O, int P>
+constexpr int from_pair(int l) {
+  return (16 * O + l) % 6 / 2 == P ? 16 + l : l;
+}
+template <int O>
+inline v16 interleave6(const v16 (&a)[6]) {
+#define MM3_P0(l) pick_out<O, 0>(l)
+#define MM3_P1(l) pick_out<O, 1>(l)
+#define MM3_P2(l) pick_out<O, 2>(l)
+#define MM3_F1(l) from_pair<O, 1>(l)
+#define MM3_F2(l) from_pair<O, 2>(l)
+  constexpr i16v p0 = MM3_LANES16(MM3_P0), p1 = MM3_LANES16(MM3_P1), p2 = MM3_LANES16(MM3_P2);
+  constexpr i16v f1 = MM3_LANES16(MM3_F1), f2 = MM3_LANES16(MM3_F2);
+#undef MM3_P0
+#undef MM3_P1
+#undef MM3_P2
+#undef MM3_F1
+#undef MM3_F2
+  const v16 lo = __builtin_shuffle(a[0], a[1], p0), mid = __builtin_shuffle(a[2], a[3], p1),
+            hi = __builtin_shuffle(a[4], a[5], p2);
+  return __builtin_shuffle(__builtin_shuffle(lo, mid, f1), hi, f2);
+}
 #undef MM3_LANES16
+
+// A strip's outputs in position order: st[b·m·D + e·D + j] = out[e][k0 + b·D + j] for the tiles
+// [k0, k0 + nb·D) (whole blocks of D). Only moves values. d = 1: 16 tiles at a time by interleave6
+// (columns up to the next multiple of 16, which out holds: st has room for a whole strip); d = 3, 9:
+// runs of D floats as fixed-size copies; else value by value. (Until the thirty-first session value by
+// value for every d. One fused 96-channel unit, L = 352768, one Zen 4 thread, binaries alternating x3:
+// d = 1 0.326-0.348 -> 0.299-0.330 s, d = 3 0.297-0.380 -> 0.303-0.354, d = 9 0.318-0.325 ->
+// 0.307-0.310; vocoder_L689 on two threads 6.17-6.57 -> 6.20-6.48 s, within the host's noise.)
+template <int D>
+void stage_runs(const float (&out)[kM][kStrip], int64_t k0, int64_t nb, float* st) {
+  for (int64_t b = 0; b < nb; ++b)
+    for (int e = 0; e < kM; ++e) std::memcpy(st + (b * kM + e) * D, out[e] + k0 + b * D, D * sizeof(float));
+}
+
+void stage_outputs(const float (&out)[kM][kStrip], int64_t k0, int64_t nb, int64_t D, float* st) {
+  if (D == 1) {
+    for (int64_t k = 0; k < nb; k += 16) {  // k0 = 0 for d = 1
+      v16 a[kM];
+      for (int e = 0; e < kM; ++e) a[e] = load16(out[e] + k);
+      float* o = st + kM * k;
+      store16(o, interleave6<0>(a));
+      store16(o + 16, interleave6<1>(a));
+      store16(o + 32, interleave6<2>(a));
+      store16(o + 48, interleave6<3>(a));
+      store16(o + 64, interleave6<4>(a));
+      store16(o + 80, interleave6<5>(a));
+    }
+  } else if (D == 3) {
+    stage_runs<3>(out, k0, nb, st);
+  } else if (D == 9) {
+    stage_runs<9>(out, k0, nb, st);
+  } else {
+    for (int64_t b = 0; b < nb; ++b)
+      for (int e = 0; e < kM; ++e)
+        for (int64_t j = 0; j < D; ++j) st[(b * kM + e) * D + j] = out[e][k0 + b * D + j];
+  }
+}
 
 template <int D>
 void copy_runs(const float* s, float* h, int64_t rowlen) {
@@ -468,10 +536,7 @@ void winograd_impl(const ThreadPool& pool, const ConvWeight& cw, const float* x,
           one_by_one(0, kf);
           if (nf > 0) {
             float* st = stage.data();
-            for (int64_t k = kf, b = 0, j = 0; k < ke; ++k) {
-              for (int e = 0; e < m; ++e) st[b + e * D + j] = out[e][k];
-              if (++j == D) j = 0, b += MD;
-            }
+            stage_outputs(out, kf, nfull, D, st);
             float* yo = yr + tf;
             const float* ro = res ? res + tf : nullptr;
             int64_t i = 0;
