@@ -120,11 +120,11 @@ RegisterCommand reg{
        sub.add_flag("--json", a->json_only, "JSON lines only (no table on stderr)");
        sub.add_flag("--list", a->list, "list the stages and exit");
        sub.add_option("-t,--threads", a->threads, "threads (default: all cores)");
-       sub.add_option(
-           "--alternate", a->alternate,
-           "KNOB=A,B: run i of each stage with the kernel knob KNOB at the (i mod n)-th value, and report "
-           "each value's runs apart (knobs: gemv_rows=1,4; gemv_prefetch=0,1; quant_prefetch=0,1,2; residual_unit=0,1; "
-           "src/kernels/tuning.h)");
+       sub.add_option("--alternate", a->alternate,
+                      "KNOB=A,B: run i of each stage with the kernel knob KNOB at the (i mod n)-th value, and report "
+                      "each value's runs apart (knobs: gemv_rows=1,4,8; gemv_prefetch=0,1; quant_prefetch=0,1,2; "
+                      "residual_unit=0,1; "
+                      "src/kernels/tuning.h)");
        sub.footer(
            "Prints one JSON object per stage on stdout: stage, runs, median_s, min_s, max_s, mean_s, setup_s,\n"
            "threads, bytes + gb_per_s and flops + gflop_per_s where meaningful, peak_rss_mb (the stage's own\n"

@@ -297,13 +297,13 @@ bool gemv_bf16_prefetch() {
 // Long rows were side by side under both rules: gemv_bf16_12288x4096_m2 (K = 12288) one row at a time
 // 11.2-12.5 GB/s on one thread, 23.7-24.1 on two, 4 side by side 19.9-21.0 and 31.8-38.5. A row's
 // operations do not depend on its neighbours: the same bits either way.
-// The knob gemv_rows (MM3_GEMV_ROWS=1 or 4; `mm3 bench --alternate gemv_rows=1,4`) forces one order.
+// The knob gemv_rows (MM3_GEMV_ROWS=1, 4 or 8; `mm3 bench --alternate gemv_rows=1,4,8`) forces one order.
 // Side by side means 8 rows on Zen 4 (thirty-first session; AMD family 19h), 4 elsewhere. With
 // `mm3 bench --alternate gemv_rows=4,8` (20-24 runs, one process) 8 ÷ 4 read: ar_frame 0.957 / 0.881
 // (probe 35 / 56 GB/s), 0.874 on one thread; depth_frame 0.895 / 0.917, one thread 0.858; lm_step 0.964;
 // gemv_bf16_{4096x12288, 12288x4096, 4096x1024}_m2 0.926 / 0.954 / 0.971. A scratch copy of the body
 // on one core (M = 2, K = 4096, huge pages): 4 / 6 / 8 / 12 / 16 rows 18.6-19.1 / 20.1 / 20.9-21.4 /
-// 19.4 / 19.1 GB/s where a plain sum of one stream reads 26-27 and of four streams side by side 21
+// 19.4 / 19.1 GB/s where a plain sum of one stream reads 24-27 and of four streams side by side 21
 // (PREFETCHT1 2 KiB ahead in each): the four streams, more than the x loads, hold the 4-row body back.
 // Other CPUs were not measured with 8 (try --alternate gemv_rows=4,8 there).
 int gemv_bf16_rows(int64_t M, int64_t Kp) {
