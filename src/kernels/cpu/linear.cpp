@@ -303,10 +303,9 @@ bool gemv_bf16_prefetch() {
 // (probe 35 / 56 GB/s), 0.874 on one thread; depth_frame 0.895 / 0.917, one thread 0.858; lm_step 0.964;
 // gemv_bf16_{4096x12288, 12288x4096, 4096x1024}_m2 0.926 / 0.954 / 0.971. For M = 4 too (the depth
 // decoder's first step; 32 accumulators, some spilled), 8 rows against 4 there, binaries alternating
-// x4: depth_frame vs_floor 1.16-1.45 against 1.21-1.54. A scratch copy of the body
-// on one core (M = 2, K = 4096, huge pages): 4 / 6 / 8 / 12 / 16 rows 18.6-19.1 / 20.1 / 20.9-21.4 /
-// 19.4 / 19.1 GB/s where a plain sum of one stream reads 24-27 and of four streams side by side 21
-// (PREFETCHT1 2 KiB ahead in each): the four streams, more than the x loads, hold the 4-row body back.
+// x4: depth_frame vs_floor 1.16-1.45 against 1.21-1.54. kern::linear itself over [12288, 4096] (M = 2,
+// five copies on huge pages, 4 and 8 alternating call by call): 19.4 -> 21.8 GB/s on one core, 27.5 ->
+// 28.7 on two. Why 8 stream faster is open (docs/performance-history.md, thirty-first session).
 // Other CPUs were not measured with 8 (try --alternate gemv_rows=4,8 there).
 int gemv_bf16_rows(int64_t M, int64_t Kp) {
   const int forced = tuning::forced(tuning::Knob::GemvRows);
