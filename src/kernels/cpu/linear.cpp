@@ -305,7 +305,7 @@ bool gemv_bf16_prefetch() {
 // decoder's first step; 32 accumulators, some spilled), 8 rows against 4 there, binaries alternating
 // x4: depth_frame vs_floor 1.16-1.45 against 1.21-1.54. kern::linear itself over [12288, 4096] (M = 2,
 // five copies on huge pages, 4 and 8 alternating call by call): 19.4 -> 21.8 GB/s on one core, 27.5 ->
-// 28.7 on two. Why 8 stream faster is open (docs/performance-history.md, thirty-first session).
+// 28.7 on two. Why 8 rows stream faster is open (docs/performance-history.md, thirty-first session).
 // Other CPUs were not measured with 8 (try --alternate gemv_rows=4,8 there).
 int gemv_bf16_rows(int64_t M, int64_t Kp) {
   const int forced = tuning::forced(tuning::Knob::GemvRows);
