@@ -16,7 +16,7 @@
 namespace mm3::kern::tuning {
 
 enum class Knob {
-  GemvRows,       // "gemv_rows": the bf16 decode GEMV, 1 = rows one after another, 4 / 8 = 4 / 8 side by side
+  GemvRows,       // "gemv_rows": the bf16 decode GEMV, 1 = rows one after another, 4 / 8 / 12 side by side
   QuantPrefetch,  // "quant_prefetch": the quantized GEMV's VNNI bodies' prefetches, 0 none, 1 NTA, 2 T1
   GemvPrefetch,   // "gemv_prefetch": the bf16 decode GEMV (AVX512-BF16), 0 = no software prefetch, 1 = with
   ResidualUnit,   // "residual_unit": the vocoder's fp32 residual units, 0 = two convolutions, 1 = one fused pass

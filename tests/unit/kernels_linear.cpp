@@ -208,17 +208,20 @@ TEST(KernelsLinear, Bf16GemvSameBitsWhereverTheWeightSitsInALine) {
     }
 }
 
-// The bf16 GEMV walks rows one after another, or 4 or 8 side by side (8 on Zen 4) where the M bf16
-// rows of x outgrow a quarter of the L1D (linear.cpp, gemv_bf16_span); rows past the last group of 8
-// go 4 side by side, then alone. Every row must come out bitwise as a one-row weight of it gives it, in
-// both regimes (K below and above the threshold, K a multiple of 32 and not); ctest runs this with
-// each gemv_rows value forced as well (kernels_bf16_gemv_rows_{1,4,8}). RED: the 4-row body's masked
-// tail into chain 1 fails the long-K cases; so does the same slip for rows 4-7 of the 8-row body only,
-// under MM3_GEMV_ROWS=8 and by default on Zen 4 (M = 1, K = 4133).
+// The bf16 GEMV walks rows one after another, or 4, 8 or 12 side by side (12 on Zen 4 for M <= 2, 8
+// for M = 3, 4) where the M bf16 rows of x outgrow a quarter of the L1D (linear.cpp, gemv_bf16_span);
+// rows past the last group of 12 go 8, then 4 side by side, then alone. Every row must come out bitwise
+// as a one-row weight of it gives it, in both regimes (K below and above the threshold, K a multiple of
+// 32 and not); ctest runs this with each gemv_rows value forced as well (kernels_bf16_gemv_rows_{1,4,8,12}).
+// RED: the 4-row body's masked tail into chain 1 fails the long-K cases; so does the same slip for rows
+// 4-7 of the 8-row body only, under MM3_GEMV_ROWS=8 and by default on Zen 4 (M = 1, K = 4133); and the
+// 12-row body keeping two chains per (row, m) for M = 2 (the old count) fails under MM3_GEMV_ROWS=12
+// and by default on Zen 4.
 TEST(KernelsLinear, Bf16GemvRowsSideBySideSameBitsAsAlone) {
-  ThreadPool pool(2);
+  ThreadPool p1(1), p2(2);  // one thread: all N rows in one chunk; two: chunks split them differently
   Rng rng(321);
-  const int64_t N = 15;  // a group of 8, a group of 4, then 3 rows alone (4 side by side: three groups of 4)
+  // In one chunk: 12 and 8 side by side, then 3 alone (gemv_rows 8: 8, 8, 4, 3; 4: five groups of 4, 3).
+  const int64_t N = 23;
   const int64_t l1d = kern::detail::cpu_l1d_bytes();
   for (int64_t M : {1, 2, 3, 4})
     for (int64_t K : {int64_t(96), int64_t(517), l1d / (8 * M) / 32 * 32 + 64, l1d / (8 * M) + 37}) {
@@ -226,16 +229,19 @@ TEST(KernelsLinear, Bf16GemvRowsSideBySideSameBitsAsAlone) {
       std::vector<float> x, wv;
       cancelling_gemv_data(rng, M, N, K, x, wv);
       const Tensor w = Tensor::from_f32(wv, {N, K}).to(DType::BF16);
-      std::vector<float> all(static_cast<size_t>(M * N), -7.f);
-      kern::linear(pool, x.data(), M, K, kern::LinearWeight(w), all.data(), N, DType::BF16);
-      for (int64_t n = 0; n < N; ++n) {
-        auto row = std::make_shared<aligned_vector<uint16_t>>(static_cast<size_t>(K));
-        std::memcpy(row->data(), static_cast<const uint16_t*>(w.raw()) + n * K, size_t(K) * 2);
-        const Tensor one = Tensor::borrow(DType::BF16, {1, K}, row->data(), row);
-        std::vector<float> got(static_cast<size_t>(M), -7.f);
-        kern::linear(pool, x.data(), M, K, kern::LinearWeight(one), got.data(), 1, DType::BF16);
-        for (int64_t m = 0; m < M; ++m)
-          EXPECT_EQ(std::memcmp(&got[size_t(m)], &all[size_t(m * N + n)], 4), 0) << "row " << n << " m " << m;
+      for (const ThreadPool* pool : {&p1, &p2}) {
+        std::vector<float> all(static_cast<size_t>(M * N), -7.f);
+        kern::linear(*pool, x.data(), M, K, kern::LinearWeight(w), all.data(), N, DType::BF16);
+        for (int64_t n = 0; n < N; ++n) {
+          auto row = std::make_shared<aligned_vector<uint16_t>>(static_cast<size_t>(K));
+          std::memcpy(row->data(), static_cast<const uint16_t*>(w.raw()) + n * K, size_t(K) * 2);
+          const Tensor one = Tensor::borrow(DType::BF16, {1, K}, row->data(), row);
+          std::vector<float> got(static_cast<size_t>(M), -7.f);
+          kern::linear(*pool, x.data(), M, K, kern::LinearWeight(one), got.data(), 1, DType::BF16);
+          for (int64_t m = 0; m < M; ++m)
+            EXPECT_EQ(std::memcmp(&got[size_t(m)], &all[size_t(m * N + n)], 4), 0)
+                << "row " << n << " m " << m << ", " << pool->size() << " thread(s)";
+        }
       }
     }
 }

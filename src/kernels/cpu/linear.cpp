@@ -117,16 +117,21 @@ void blas_threads(const ThreadPool& pool) {
 
 // ---- GEMV bodies: sums[m * N + n] = sum_k x[m, k] * W[n, k] for n in [n0, n1) ----
 
-// The AVX-512 bodies work on NB = 4 output rows at a time (the bf16 body: 1, 4 or 8, see gemv_bf16_span)
-// with C independent accumulator chains per (row, m), so that enough FMA / VDPBF16PS chains are in
-// flight to hide their latency (2 chains per row were latency-bound at ~100 GFLOP/s on L2-resident
-// weights; streamed from memory on Zen 4, one row's 2 x M chains were enough). Chain c takes the
-// vector blocks b = c, c + C, ...; the masked tail goes to chain 0; the chains are summed in order,
-// then reduced.
-// A row's operation sequence does not depend on its neighbours, so rows computed 4 at a time or
+// The AVX-512 bodies work on NB = 4 output rows at a time (the bf16 body: 1, 4, 8 or 12, see
+// gemv_bf16_span) with C independent accumulator chains per (row, m), so that enough FMA / VDPBF16PS
+// chains are in flight to hide their latency (2 chains per row were latency-bound at ~100 GFLOP/s on
+// L2-resident weights; streamed from memory on Zen 4, one row's 2 x M chains were enough). Chain c
+// takes the vector blocks b = c, c + C, ...; the masked tail goes to chain 0; the chains are summed in
+// order, then reduced.
+// A row's operation sequence does not depend on its neighbours, so rows computed several at a time or
 // alone (chunk remainders) give the same bits, whatever the thread chunking.
 constexpr int kGemvNB = 4;
 constexpr int gemv_chains(int M) { return M <= 2 ? 2 : 1; }
+// The bf16 body's chains: 2 for M = 1, else 1 (one chain per (row, m), so M = 2 still has 2 per row).
+// One chain per (row, m) halves the accumulators, which is what lets 12 rows sit side by side in the 32
+// vector registers (12 x 2 x 1 + 2 x + 1 weight); see gemv_bf16_rows for why more rows stream faster.
+// Until the thirty-second session M = 2 took 2 chains (other bits, same bound).
+constexpr int gemv_bf16_chains(int M) { return M == 1 ? 2 : 1; }
 // The bf16 body's software prefetch distance (PREFETCHT1 ahead of each weight stream; gemv_bf16_prefetch).
 constexpr int64_t kGemvBf16PfBytes = 2048;
 
@@ -210,7 +215,7 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) void gemv_avx512(c
 template <int M, int NB, int SH, bool PF>
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16"), no_sanitize_address)) inline void
 gemv_rows_bf16(const uint16_t* xb, int64_t Kp, const uint16_t* w, int64_t K, int64_t n, float* sums, int64_t N) {
-  constexpr int C = gemv_chains(M);
+  constexpr int C = gemv_bf16_chains(M);
   [[maybe_unused]] const __m512i idx =
       _mm512_add_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(SH));
   // Block `off` (in bf16 elements) of row i: 64 bytes from w + (n + i) * K + off.
@@ -307,10 +312,21 @@ bool gemv_bf16_prefetch() {
 // five copies on huge pages, 4 and 8 alternating call by call): 19.4 -> 21.8 GB/s on one core, 27.5 ->
 // 28.7 on two. Why 8 rows stream faster is open (docs/performance-history.md, thirty-first session).
 // Other CPUs were not measured with 8 (try --alternate gemv_rows=4,8 there).
+// Thirty-second session (Zen 4): the cost is the L1 fills. Each block step loads M lines of x beside
+// NB weight lines, and x (2 x 8 KiB at K = 4096) does not survive in the L1D while 8 rows' weights
+// stream past between its uses, so those are L2 fills too, and a fill from L2 costs the streaming body
+// about what a weight line's does. A scratch copy of the 8-row body (one process, cold copies on huge
+// pages, forms alternating call by call) read 22-23 GB/s on one core with the real x, 29-31 with x
+// confined to 2 KiB (always in the L1D) or held in registers: the M/NB extra fills (2/8) are most of the
+// gap to a plain streaming sum (~30). So more rows side by side: 12 (with one chain per (row, m), see
+// gemv_bf16_chains), 2 x lines per 12 weight lines. 16 rows spill accumulators and lose; so did
+// K-chunked forms that keep x in the L1D by holding the accumulators in memory (docs/performance-history.md).
+// Zen 4 takes 12 for M <= 2 and 8 for M = 3 and 4 (12 x 4 accumulators do not fit).
 int gemv_bf16_rows(int64_t M, int64_t Kp) {
   const int forced = tuning::forced(tuning::Knob::GemvRows);
   if (forced > 0) return forced;
-  static const int wide = __builtin_cpu_is("amd") && __builtin_cpu_is("amdfam19h") ? 8 : kGemvNB;
+  static const bool zen4 = __builtin_cpu_is("amd") && __builtin_cpu_is("amdfam19h");
+  const int wide = zen4 ? (M <= 2 ? 12 : 8) : kGemvNB;
   return 2 * M * Kp > detail::cpu_l1d_bytes() / 4 ? wide : 1;
 }
 
@@ -319,7 +335,9 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16"), no_sanit
     const uint16_t* xb, int64_t Kp, const uint16_t* w, int64_t K, int64_t n0, int64_t n1, float* sums, int64_t N) {
   int64_t n = n0;
   const int rows = gemv_bf16_rows(M, Kp);
-  if (rows == 8)
+  if (rows == 12)
+    for (; n + 12 <= n1; n += 12) gemv_rows_bf16<M, 12, SH, PF>(xb, Kp, w, K, n, sums, N);
+  if (rows >= 8)
     for (; n + 8 <= n1; n += 8) gemv_rows_bf16<M, 8, SH, PF>(xb, Kp, w, K, n, sums, N);
   if (rows >= kGemvNB)
     for (; n + kGemvNB <= n1; n += kGemvNB) gemv_rows_bf16<M, kGemvNB, SH, PF>(xb, Kp, w, K, n, sums, N);
