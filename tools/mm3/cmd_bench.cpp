@@ -122,7 +122,7 @@ RegisterCommand reg{
        sub.add_option("-t,--threads", a->threads, "threads (default: all cores)");
        sub.add_option("--alternate", a->alternate,
                       "KNOB=A,B: run i of each stage with the kernel knob KNOB at the (i mod n)-th value, and report "
-                      "each value's runs apart (knobs: gemv_rows=1,4,8; gemv_prefetch=0,1; quant_prefetch=0,1,2; "
+                      "each value's runs apart (knobs: gemv_rows=1,4,8,12; gemv_prefetch=0,1; quant_prefetch=0,1,2; "
                       "residual_unit=0,1; "
                       "src/kernels/tuning.h)");
        sub.footer(

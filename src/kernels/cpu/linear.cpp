@@ -302,7 +302,7 @@ bool gemv_bf16_prefetch() {
 // Long rows were side by side under both rules: gemv_bf16_12288x4096_m2 (K = 12288) one row at a time
 // 11.2-12.5 GB/s on one thread, 23.7-24.1 on two, 4 side by side 19.9-21.0 and 31.8-38.5. A row's
 // operations do not depend on its neighbours: the same bits either way.
-// The knob gemv_rows (MM3_GEMV_ROWS=1, 4 or 8; `mm3 bench --alternate gemv_rows=1,4,8`) forces one order.
+// The knob gemv_rows (MM3_GEMV_ROWS=1, 4, 8 or 12; `mm3 bench --alternate gemv_rows=1,4,8,12`) forces one order.
 // Side by side means 8 rows on Zen 4 (thirty-first session; AMD family 19h), 4 elsewhere. With
 // `mm3 bench --alternate gemv_rows=4,8` (20-24 runs, one process) 8 ÷ 4 read: ar_frame 0.957 / 0.881
 // (probe 35 / 56 GB/s), 0.874 on one thread; depth_frame 0.895 / 0.917, one thread 0.858; lm_step 0.964;
@@ -310,17 +310,22 @@ bool gemv_bf16_prefetch() {
 // decoder's first step; 32 accumulators, some spilled), 8 rows against 4 there, binaries alternating
 // x4: depth_frame vs_floor 1.16-1.45 against 1.21-1.54. kern::linear itself over [12288, 4096] (M = 2,
 // five copies on huge pages, 4 and 8 alternating call by call): 19.4 -> 21.8 GB/s on one core, 27.5 ->
-// 28.7 on two. Why 8 rows stream faster is open (docs/performance-history.md, thirty-first session).
-// Other CPUs were not measured with 8 (try --alternate gemv_rows=4,8 there).
+// 28.7 on two. Why 8 rows streamed faster was open then; the thirty-second session's answer follows.
+// Other CPUs were not measured with 8 or 12 (try --alternate gemv_rows=4,8,12 there).
 // Thirty-second session (Zen 4): the cost is the L1 fills. Each block step loads M lines of x beside
 // NB weight lines, and x (2 x 8 KiB at K = 4096) does not survive in the L1D while 8 rows' weights
 // stream past between its uses, so those are L2 fills too, and a fill from L2 costs the streaming body
 // about what a weight line's does. A scratch copy of the 8-row body (one process, cold copies on huge
 // pages, forms alternating call by call) read 22-23 GB/s on one core with the real x, 29-31 with x
-// confined to 2 KiB (always in the L1D) or held in registers: the M/NB extra fills (2/8) are most of the
-// gap to a plain streaming sum (~30). So more rows side by side: 12 (with one chain per (row, m), see
-// gemv_bf16_chains), 2 x lines per 12 weight lines. 16 rows spill accumulators and lose; so did
-// K-chunked forms that keep x in the L1D by holding the accumulators in memory (docs/performance-history.md).
+// confined to 2 KiB (always in the L1D) or held in registers, about a plain streaming sum's rate: the
+// M/NB extra fills (2/8) are most of the gap. So more rows side by side: 12, 2 x lines per 12 weight
+// lines, which fit the registers with one chain per (row, m) (gemv_bf16_chains). The scratch read 24.9
+// for 12 rows, 23.1 for 16 (accumulators spilled); in the kernel 14 rows ÷ 8 read 0.94 where 12 ÷ 8
+// read 0.91. K-chunked forms that keep x in the L1D by holding the accumulators in memory gained less
+// (8 rows, chunks of 512: +8% with a relaid single-stream weight, -10% row-major).
+// `mm3 bench --alternate gemv_rows=8,12` (same bits), 12 ÷ 8: ar_frame 0.947, depth_frame 0.956,
+// lm_step 0.954 (30 runs, probe ~60 GB/s); gemv_bf16_4096x6144_m2 0.920 (probe 61), 4096x12288 0.961
+// (48), 12288x4096 0.997 (35); one thread 4096x12288 0.937.
 // Zen 4 takes 12 for M <= 2 and 8 for M = 3 and 4 (12 x 4 accumulators do not fit).
 int gemv_bf16_rows(int64_t M, int64_t Kp) {
   const int forced = tuning::forced(tuning::Knob::GemvRows);
