@@ -44,8 +44,9 @@ Tensor random_tensor(const ThreadPool& pool, DType dt, Shape shape, float std, u
 // its weight from memory as a real decode step does (16 GB of LM weights never sit in a cache) rather
 // than from whatever cache holds one 100 MB matrix; bytes then counts the weight only.
 // How linear_stage holds its weight: the plain tensor, or gemm_only_f32's form (oneDNN's where it
-// has an fp32 brgemm, else gemm_nt's panels), or gemm_nt's panels forced.
-enum class WeightForm { Plain, F32Packed, F32Panels };
+// has an fp32 brgemm, else gemm_nt's panels), or gemm_nt's panels forced, or a BF16 weight's strip
+// form (kern::bf16_strips, as the model holds its LM and depth weights where the CPU offers it).
+enum class WeightForm { Plain, F32Packed, F32Panels, Bf16Strips };
 
 StageRun linear_stage(const BenchContext& ctx, int64_t M, int64_t N, int64_t K, DType dt, DType store, bool stream,
                       WeightForm form = WeightForm::Plain) {
@@ -54,12 +55,19 @@ StageRun linear_stage(const BenchContext& ctx, int64_t M, int64_t N, int64_t K, 
   const int copies = stream ? std::max(1, static_cast<int>(std::ceil(512.0 * (1 << 20) / wbytes))) : 1;
   auto ws = std::make_shared<std::vector<kern::LinearWeight>>();
   const Tensor w0 = random_tensor(pool, dt, {N, K}, 0.02f, 1);
-  ws->emplace_back(w0);
-  if (form != WeightForm::Plain) (*ws)[0] = kern::gemm_only_f32((*ws)[0], pool, form == WeightForm::F32Packed);
-  for (int c = 1; c < copies; ++c) {  // separate memory with the same values (generating is slower)
-    Tensor wc = Tensor::empty(dt, {N, K});
-    std::memcpy(wc.raw(), w0.raw(), w0.nbytes());
-    ws->emplace_back(wc);
+  if (form == WeightForm::Bf16Strips) {
+    if (dt != DType::BF16 || !kern::bf16_strips_offered())
+      throw InvalidInput("the strip form needs a BF16 weight and a CPU with AVX512-BF16");
+    for (int c = 0; c < copies; ++c)  // each copy its own form (separate memory, the same values)
+      ws->push_back(kern::bf16_strips(static_cast<const uint16_t*>(w0.raw()), K, N, K, &pool));
+  } else {
+    ws->emplace_back(w0);
+    if (form != WeightForm::Plain) (*ws)[0] = kern::gemm_only_f32((*ws)[0], pool, form == WeightForm::F32Packed);
+    for (int c = 1; c < copies; ++c) {  // separate memory with the same values (generating is slower)
+      Tensor wc = Tensor::empty(dt, {N, K});
+      std::memcpy(wc.raw(), w0.raw(), w0.nbytes());
+      ws->emplace_back(wc);
+    }
   }
   auto x = random_f32(pool, M * K, 1.f, 2);
   if (store == DType::BF16) round_to_store(x->data(), x->size(), DType::BF16);  // bf16-valued activations
@@ -80,6 +88,7 @@ StageRun linear_stage(const BenchContext& ctx, int64_t M, int64_t N, int64_t K, 
             {"bytes_counts", stream ? "weight" : "weight+x+y"},
             {"weight_copies", copies},
             {"weight_form", form == WeightForm::Plain                         ? "plain"
+                            : form == WeightForm::Bf16Strips                  ? "bf16_strips"
                             : (*ws)[0].gemm_kind() == kern::GemmKind::F32Dnnl ? "onednn_packed"
                                                                               : "gemm_nt_panels"}};
   return r;
@@ -93,6 +102,34 @@ RegisterStage gemv_bf16{{
     .needs_model = false,
     .memory_floor = true,
     .setup = [](const BenchContext& ctx) { return linear_stage(ctx, 2, 12288, 4096, DType::BF16, DType::BF16, true); },
+}};
+
+// The same two shapes on the strip form (kern::bf16_strips; one chain per output, lanes = rows),
+// which the model's LM and depth weights take where the CPU has AVX512-BF16: against the stages above
+// in one process, the form's rate against the row-major GEMV's.
+RegisterStage gemv_bf16_strips{{
+    .name = "gemv_bf16_strips_4096x12288_m2",
+    .description = "gemv_bf16_4096x12288_m2 on the weight's strip form (kern::bf16_strips: 32-row strips of bf16 "
+                   "pairs, as the model holds its LM and depth weights where the CPU has AVX512-BF16; no number "
+                   "elsewhere); bytes = weight bytes streamed",
+    .needs_model = false,
+    .memory_floor = true,
+    .setup =
+        [](const BenchContext& ctx) {
+          return linear_stage(ctx, 2, 12288, 4096, DType::BF16, DType::BF16, true, WeightForm::Bf16Strips);
+        },
+}};
+
+RegisterStage gemv_bf16_strips_down{{
+    .name = "gemv_bf16_strips_12288x4096_m2",
+    .description = "gemv_bf16_12288x4096_m2 (the LM down_proj, K = 12288) on the strip form (as "
+                   "gemv_bf16_strips_4096x12288_m2); bytes = weight bytes streamed",
+    .needs_model = false,
+    .memory_floor = true,
+    .setup =
+        [](const BenchContext& ctx) {
+          return linear_stage(ctx, 2, 4096, 12288, DType::BF16, DType::BF16, true, WeightForm::Bf16Strips);
+        },
 }};
 
 // The other decode GEMV shapes of one LM layer, and the fused forms (q|k|v rows, gate|up rows): how

@@ -35,7 +35,7 @@ namespace mm3::kern {
 // `linear` takes the quantized paths described in quant.h (bias as above).
 // The backend GEMM forms a LinearWeight may hold instead of its plain tensor (gemm_only_bf16,
 // gemm_only_f32, gemm_strassen_f32 below).
-enum class GemmKind : uint8_t { None, Bf16Dnnl, F32Panels, F32Dnnl, F32Strassen, I8 };
+enum class GemmKind : uint8_t { None, Bf16Dnnl, F32Panels, F32Dnnl, F32Strassen, I8, Bf16Strips };
 
 class LinearWeight {
  public:
@@ -78,6 +78,16 @@ class LinearWeight {
   std::vector<float> bias_f32_;
   int64_t out_ = 0, in_ = 0;
 };
+
+// A BF16 weight ([N, K] bf16 bits, rows ldw apart) for the decode GEMV and the GEMM alike, held in
+// 32-row strips of bf16 pairs (GemmKind::Bf16Strips; kernels/cpu/strips.h) in huge-page memory; the
+// plain tensor is not kept (weight() is empty). `linear` on it runs every output as one chain over k
+// (the GEMM's order: bf16 pair dots with store BF16, fp32 FMAs with store F32) for every M, so the GEMV
+// and the GEMM agree bitwise and both equal the GEMM on the plain weight. The form's GEMV needs
+// AVX512-BF16 (bf16_strips_offered()); `pool` (may be null) packs it. Throws InternalError elsewhere.
+bool bf16_strips_offered();
+LinearWeight bf16_strips(const uint16_t* w, int64_t ldw, int64_t N, int64_t K, const ThreadPool* pool,
+                         Tensor bias = Tensor());
 
 // A copy of `w` (F32 or BF16, rounded to bf16) for a bf16 computation that only ever runs it as a
 // GEMM: held in the backend's blocked bf16 layout (CPU: oneDNN's matmul weights format, packed once;

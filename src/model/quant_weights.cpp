@@ -148,7 +148,27 @@ std::shared_ptr<const kern::QuantMatrix> resident_quant(QuantType t, int64_t N, 
 }
 }  // namespace
 
+// Whether a plain BF16 weight is held in the strip form (kern::bf16_strips): where the CPU offers its
+// GEMV, unless MM3_BF16_STRIPS=0 (the row-major copy, for comparison) or MM3_MMAP_WEIGHTS=1.
+// Thirty-second session, Zen 4 (docs/performance-history.md): the strip GEMV streams at a plain
+// sum's rate where the row-major one loses ~1/6 to the L1 fills of x.
+namespace {
+bool use_bf16_strips(const Tensor& w) {
+  if (w.dtype() != DType::BF16 || w.ndim() != 2 || weights_stay_mapped() || !kern::bf16_strips_offered()) return false;
+  const char* e = std::getenv("MM3_BF16_STRIPS");
+  return !(e && std::string(e) == "0");
+}
+}  // namespace
+
 kern::LinearWeight make_linear(const Tensor& w, const std::string& key, QuantType t, const QuantLoad& q) {
+  if (t == QuantType::None && use_bf16_strips(w)) {
+    const Tensor src = w.contiguous();
+    populate_mapped_pages(src, q.pool);
+    kern::LinearWeight lw =
+        kern::bf16_strips(static_cast<const uint16_t*>(src.raw()), w.dim(1), w.dim(0), w.dim(1), q.pool);
+    release_mapped_pages(w);
+    return lw;
+  }
   if (t == QuantType::None) return kern::LinearWeight(resident_copy(w, q.pool));
   const int64_t N = w.dim(0), K = w.dim(1);
   if (q.sidecar) {

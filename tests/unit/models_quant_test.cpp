@@ -193,11 +193,15 @@ TEST(ModelsQuant, SidecarDefectsAreBadModel) {
 namespace mm3 {
 namespace {
 
-// A bf16 weight of >= 4 MiB mapped from its file is copied out of the mapping (huge-page memory,
-// quant_weights.h make_linear): the LinearWeight no longer borrows the file, holds the same bytes,
-// and the file's view still reads the same. MM3_MMAP_WEIGHTS=1 keeps the zero-copy view; small
-// weights are always views. RED: a copy that skipped its last partial 8 MiB chunk failed the byte
-// comparison (5 MiB + 2 rows: chunking is exercised).
+// A bf16 weight mapped from its file leaves the mapping (quant_weights.h make_linear). Where the CPU
+// offers the strip form (kern::bf16_strips) it is held as that form, any size: the plain tensor is
+// gone and `linear` on it computes what the GEMM on the file's weight computes (M = 6, the GEMM's
+// path on both sides: the same bits only if every element made it). With MM3_BF16_STRIPS=0, or where
+// the form is not offered, a weight of >= 4 MiB is copied out of the mapping (huge-page memory): the
+// LinearWeight no longer borrows the file and holds the same bytes; smaller weights stay views.
+// MM3_MMAP_WEIGHTS=1 keeps the zero-copy view. RED: a copy that skipped its last partial 8 MiB chunk
+// failed the byte comparison (5 MiB + 2 rows: chunking is exercised); a strip packing that skipped the
+// last strip failed the GEMM comparison.
 TEST(ModelsQuant, LargeMappedWeightsAreResidentCopies) {
   TempDir dir;
   const int64_t N = 1284, K = 2048;  // 5.01 MiB of bf16
@@ -211,6 +215,22 @@ TEST(ModelsQuant, LargeMappedWeightsAreResidentCopies) {
   ASSERT_TRUE(big.is_borrowed());
 
   ::unsetenv("MM3_MMAP_WEIGHTS");
+  if (kern::bf16_strips_offered()) {
+    ThreadPool pool(2);
+    const kern::LinearWeight st = make_linear(big, "big", QuantType::None, {QuantType::None, &pool, nullptr});
+    EXPECT_EQ(st.gemm_kind(), kern::GemmKind::Bf16Strips);
+    EXPECT_TRUE(st.weight().raw() == nullptr);
+    const int64_t M = 6;
+    std::vector<float> x(size_t(M * K)), want(size_t(M * N)), got(size_t(M * N), -7.f);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = round_bf16(static_cast<float>(int(i % 13) - 6) / 8.f);
+    kern::linear(pool, x.data(), M, K, kern::LinearWeight(big), want.data(), N, DType::BF16);
+    kern::linear(pool, x.data(), M, K, st, got.data(), N, DType::BF16);
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0);
+    EXPECT_EQ(make_linear(small, "small", QuantType::None, {}).gemm_kind(), kern::GemmKind::Bf16Strips);
+  } else {
+    GTEST_LOG_(INFO) << "the strip form is not offered here (no AVX512-BF16): only the plain copies are checked";
+  }
+  ::setenv("MM3_BF16_STRIPS", "0", 1);
   const kern::LinearWeight w = make_linear(big, "big", QuantType::None, {});
   EXPECT_FALSE(w.weight().is_borrowed());
   EXPECT_NE(w.weight().raw(), big.raw());
@@ -220,6 +240,7 @@ TEST(ModelsQuant, LargeMappedWeightsAreResidentCopies) {
   EXPECT_EQ(std::memcmp(w.weight().raw(), big.raw(), big.nbytes()), 0);
   EXPECT_EQ(make_linear(small, "small", QuantType::None, {}).weight().raw(), small.raw());
 
+  ::unsetenv("MM3_BF16_STRIPS");
   ::setenv("MM3_MMAP_WEIGHTS", "1", 1);
   EXPECT_EQ(make_linear(big, "big", QuantType::None, {}).weight().raw(), big.raw());
   ::unsetenv("MM3_MMAP_WEIGHTS");

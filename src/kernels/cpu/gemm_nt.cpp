@@ -17,6 +17,7 @@
 
 #include "core/aligned.h"
 #include "kernels/cpu/simd.h"
+#include "kernels/cpu/strips.h"
 
 namespace mm3::kern::detail {
 
@@ -28,6 +29,7 @@ constexpr int kNR = 32;    // columns per register tile (two zmm)
 constexpr int kKC = 256;   // k per packed block (even: bf16 pairs never straddle blocks)
 constexpr int kKC2 = 128;  // the AVX2 tiles' block: a 32-column strip of it (16 KiB) stays in a 32 KiB L1
 constexpr int kNC = 128;   // columns per packed panel (4 strips; 128 KiB of f32 at KC = 256)
+static_assert(kNR == kStripRows && kNC % kStripRows == 0, "strips.h's strips are the tiles' 32-column strips");
 
 struct TileArgs {
   int64_t kc;           // k's in this block
@@ -745,9 +747,10 @@ void gemm_bf16_packed_serial(const uint16_t* A, int64_t lda, int64_t M, const ui
 
 void gemm_ex(const ThreadPool& pool, const float* A, int64_t a_rs, int64_t a_cs, int64_t M, const void* B,
              DType b_dtype, int64_t ldb, bool b_kmajor, int64_t N, int64_t K, const float* bias, float* C, int64_t ldc,
-             DType store, bool bf16_dot, const float* prepacked) {
+             DType store, bool bf16_dot, const float* prepacked, bool b_strips) {
   if (M <= 0 || N <= 0) return;
   MM3_CHECK(K > 0, "gemm_ex: K={}", K);
+  MM3_CHECK(!b_strips || (b_dtype == DType::BF16 && !prepacked && !b_kmajor), "gemm_ex: strips are BF16, n-major");
   const bool use_bf16 = !prepacked && bf16_dot && !b_kmajor && b_dtype == DType::BF16 && cpu_has_avx512bf16();
 
   // bf16 copy of A (exact for bf16-valued A), rows padded to an even length with zeros.
@@ -843,10 +846,16 @@ void gemm_ex(const ThreadPool& pool, const float* A, int64_t a_rs, int64_t a_cs,
         if (use_bf16) {
           const int64_t kp = (kc + 1) / 2;
           bufH.resize(static_cast<size_t>(strips * kp * 2 * kNR));
-          pack_bf16(static_cast<const uint16_t*>(B), ldb, N, K, n0, nc, k0, kc, bufH.data());
+          if (b_strips)
+            strips_block_bf16(static_cast<const uint16_t*>(B), K, n0, nc, k0, kc, bufH.data());
+          else
+            pack_bf16(static_cast<const uint16_t*>(B), ldb, N, K, n0, nc, k0, kc, bufH.data());
         } else if (!prepacked) {
           bufF.resize(static_cast<size_t>(strips * kc * kNR));
-          pack_f32(B, b_dtype, ldb, b_kmajor, N, n0, nc, k0, kc, bufF.data());
+          if (b_strips)
+            strips_block_f32(static_cast<const uint16_t*>(B), K, n0, nc, k0, kc, bufF.data());
+          else
+            pack_f32(B, b_dtype, ldb, b_kmajor, N, n0, nc, k0, kc, bufF.data());
         }
         const float* bp = prepacked ? prepacked + pn * kNC * K + k0 * strips * kNR : bufF.data();
         auto tile = [&](int64_t m0, int64_t s) {

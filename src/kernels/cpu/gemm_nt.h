@@ -34,9 +34,11 @@ void gemm_nt(const ThreadPool& pool, const float* A, int64_t lda, int64_t M, con
 // (a [K, N] matrix, e.g. an im2col buffer); bf16_dot applies only to the n-major form.
 // prepacked: B already packed by pack_f32_panels (fp32 products; B, b_dtype, ldb, b_kmajor, bf16_dot are
 // then ignored) — the same bits as packing B at the call.
+// b_strips: B is a BF16 weight's strip form (strips.h; b_dtype BF16, ldb and b_kmajor ignored), packed
+// block by block from it — the same bits as the plain weight gives.
 void gemm_ex(const ThreadPool& pool, const float* A, int64_t a_rs, int64_t a_cs, int64_t M, const void* B,
              DType b_dtype, int64_t ldb, bool b_kmajor, int64_t N, int64_t K, const float* bias, float* C, int64_t ldc,
-             DType store, bool bf16_dot, const float* prepacked = nullptr);
+             DType store, bool bf16_dot, const float* prepacked = nullptr, bool b_strips = false);
 
 // B [N, K] (F32 rows, stride ldb) packed once in the layout gemm_ex's fp32 tiles read on this
 // machine: column panel p (128 columns) at panels + p·128·K, its K block at k0 at + k0·strips·32

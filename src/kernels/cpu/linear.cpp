@@ -32,6 +32,7 @@
 #include "kernels/cpu/gemm_nt.h"
 #include "kernels/cpu/segments.h"
 #include "kernels/cpu/simd.h"
+#include "kernels/cpu/strips.h"
 #include "kernels/kernels.h"
 #include "kernels/tuning.h"
 
@@ -508,6 +509,53 @@ void linear_gemv(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx,
       min_rows);
 }
 
+// The decode GEMV of several strip-form weights of one K sharing x (strips.h; one entry: linear's own):
+// one parallel pass over their concatenated strips. Each output is one chain over k whatever the
+// chunking or grouping, so neither changes a bit.
+struct Bf16StripsForm {
+  Tensor data;  // uint16 bits, strips_size(N, K) of them
+};
+const uint16_t* strips_of(const LinearWeight& w) {
+  return static_cast<const uint16_t*>(static_cast<const Bf16StripsForm*>(w.gemm_form())->data.raw());
+}
+
+void strips_gemv(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const LinearOut* outs, int n,
+                 DType store) {
+  const int64_t K = outs[0].w->in_features(), Kp = 2 * detail::strips_pairs(K);
+  std::vector<int64_t> starts(size_t(n) + 1, 0), rows(size_t(n) + 1, 0);  // in strips, in rows
+  for (int i = 0; i < n; ++i) {
+    starts[size_t(i) + 1] = starts[size_t(i)] + detail::strips_count(outs[i].w->out_features());
+    rows[size_t(i) + 1] = rows[size_t(i)] + outs[i].w->out_features();
+  }
+  std::vector<float> sums(static_cast<size_t>(M * rows.back()));
+  const bool bf16 = store == DType::BF16;
+  MM3_CHECK(bf16 ? cpu_has_avx512bf16() : cpu_has_avx512(), "linear: a strip-form weight on a CPU without {}",
+            bf16 ? "AVX512-BF16" : "AVX-512");
+  aligned_vector<uint16_t> xb;
+  if (bf16) {  // bf16 computation: x is bf16-valued by convention, so its bf16 copy is exact
+    xb.assign(static_cast<size_t>(M * Kp), 0);
+    for (int64_t m = 0; m < M; ++m) f32_to_bf16(x + m * ldx, xb.data() + m * Kp, static_cast<size_t>(K));
+  }
+  // Enough strips per chunk that a chunk streams at least ~64 KiB of weights.
+  const int64_t min_strips = std::max<int64_t>(1, (64 * 1024) / (detail::kStripRows * Kp * 2));
+  pool.parallel_for(
+      starts.back(),
+      [&](int64_t b, int64_t e) {
+        detail::for_segments(starts, b, e, [&](size_t i, int64_t g0, int64_t g1) {
+          const LinearWeight& w = *outs[i].w;
+          const int64_t N = w.out_features();
+          float* s = sums.data() + M * rows[i];
+          if (bf16)
+            detail::strips_gemv_bf16(xb.data(), Kp, M, strips_of(w), N, K, g0, g1, s);
+          else
+            detail::strips_gemv_f32(x, ldx, M, strips_of(w), N, K, g0, g1, s);
+          epilogue(s, M, N, w.bias_f32(), outs[i].y, outs[i].ldy, g0 * detail::kStripRows,
+                   std::min(N, g1 * detail::kStripRows), store);
+        });
+      },
+      min_strips);
+}
+
 void linear_gemm(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const LinearWeight& w, float* y,
                  int64_t ldy, DType store) {
   const int64_t N = w.out_features(), K = w.in_features();
@@ -544,6 +592,24 @@ LinearWeight gemm_only_f32(const LinearWeight& w, const ThreadPool& pool, bool o
   return LinearWeight(N, K, std::move(f), bytes, bias, GemmKind::F32Panels);
 }
 
+bool bf16_strips_offered() { return cpu_has_avx512bf16(); }
+
+LinearWeight bf16_strips(const uint16_t* w, int64_t ldw, int64_t N, int64_t K, const ThreadPool* pool, Tensor bias) {
+  MM3_CHECK(N > 0 && K > 0 && ldw >= K, "bf16_strips: weight [{}, {}] with rows {} apart", N, K, ldw);
+  MM3_CHECK(bf16_strips_offered(), "bf16_strips: this CPU has no AVX512-BF16 for the form's GEMV");
+  auto f = std::make_shared<Bf16StripsForm>();
+  f->data = Tensor::empty(DType::BF16, {detail::strips_size(N, K)});
+  auto* form = static_cast<uint16_t*>(f->data.raw());
+  const int64_t G = detail::strips_count(N);
+  auto part = [&](int64_t g0, int64_t g1) { detail::strips_pack_part(w, ldw, N, K, g0, g1, form); };
+  if (pool)
+    pool->parallel_for(G, part, 1);
+  else
+    part(0, G);
+  const size_t bytes = f->data.nbytes();
+  return LinearWeight(N, K, std::move(f), bytes, std::move(bias), GemmKind::Bf16Strips);
+}
+
 void linear(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, const LinearWeight& w, float* y,
             int64_t ldy, DType store) {
   const int64_t N = w.out_features(), K = w.in_features();
@@ -566,6 +632,16 @@ void linear(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, cons
   }
   if (w.gemm_kind() == GemmKind::F32Dnnl) {  // gemm_only_f32, oneDNN's form: oneDNN for every M
     detail::dnnl_linear_f32(pool, x, M, ldx, w.gemm_form(), w.bias_f32(), y, ldy, store);
+    return;
+  }
+  if (w.gemm_kind() == GemmKind::Bf16Strips) {  // bf16_strips: one chain per output for every M (strips.h)
+    if (M <= kGemvMaxM) {
+      const LinearOut one{&w, y, ldy};
+      strips_gemv(pool, x, M, ldx, &one, 1, store);
+    } else {
+      detail::gemm_ex(pool, x, ldx, 1, M, strips_of(w), DType::BF16, K, false, N, K, w.bias_f32(), y, ldy, store,
+                      store == DType::BF16, nullptr, /*b_strips=*/true);
+    }
     return;
   }
   if (w.f32_packed()) {  // gemm_only_f32: the GEMM on its panels for every M
@@ -672,9 +748,10 @@ void linear_multi(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx
                   DType store) {
   if (outs.empty() || M == 0) return;
   const LinearWeight& w0 = *outs[0].w;
-  // One pass where every weight takes the same GEMV: all quantized (any mix of int8 / q4), or all
-  // plain of one dtype; otherwise (M > 4, a blocked GEMM form, a mix) linear() on each in turn.
+  // One pass where every weight takes the same GEMV: all quantized (any mix of int8 / q4), all in the
+  // strip form, or all plain of one dtype; otherwise (M > 4, another GEMM form, a mix) linear() on each.
   bool group = M <= kGemvMaxM && outs.size() > 1;
+  bool strips = group;
   for (const LinearOut& o : outs) {
     const LinearWeight& w = *o.w;
     MM3_CHECK(w.out_features() > 0 && w.in_features() == w0.in_features(),
@@ -684,6 +761,11 @@ void linear_multi(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx
               "linear_multi: M={} ldx={} ldy={} for weight [{}, {}]", M, ldx, o.ldy, w.out_features(), w.in_features());
     group = group && !w.gemm_form() && w.quantized() == w0.quantized() &&
             (w.quantized() || w.weight().dtype() == w0.weight().dtype());
+    strips = strips && w.gemm_kind() == GemmKind::Bf16Strips;
+  }
+  if (strips) {
+    strips_gemv(pool, x, M, ldx, outs.data(), static_cast<int>(outs.size()), store);
+    return;
   }
   if (!group) {
     for (const LinearOut& o : outs) linear(pool, x, M, ldx, *o.w, o.y, o.ldy, store);

@@ -1,0 +1,183 @@
+// strips.cpp — the 32-row bf16 pair strips of strips.h: packing, the decode GEMV bodies, gemm_ex's packers.
+#include "kernels/cpu/strips.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/dtype.h"
+
+namespace mm3::kern::detail {
+
+namespace {
+constexpr int64_t kPairElems = 2 * kStripRows;  // uint16 per pair of a strip (128 bytes)
+}  // namespace
+
+void strips_pack_part(const uint16_t* B, int64_t ldb, int64_t N, int64_t K, int64_t g0, int64_t g1, uint16_t* form) {
+  const int64_t P = strips_pairs(K), Pf = K / 2;  // pairs, whole pairs
+  constexpr int64_t kBlk = 64;                    // pairs per block: a strip's block is 8 KiB, in L1
+  for (int64_t g = g0; g < g1; ++g) {
+    uint16_t* dst = form + g * P * kPairElems;
+    for (int64_t p0 = 0; p0 < P; p0 += kBlk) {
+      const int64_t p1 = std::min(P, p0 + kBlk);
+      for (int64_t j = 0; j < kStripRows; ++j) {
+        const int64_t n = g * kStripRows + j;
+        if (n >= N) {
+          for (int64_t p = p0; p < p1; ++p) dst[p * kPairElems + 2 * j] = dst[p * kPairElems + 2 * j + 1] = 0;
+          continue;
+        }
+        const uint16_t* row = B + n * ldb;
+        int64_t p = p0;
+        for (; p < std::min(p1, Pf); ++p) {  // whole pairs as 32-bit words
+          uint32_t v;
+          std::memcpy(&v, row + 2 * p, 4);
+          std::memcpy(dst + p * kPairElems + 2 * j, &v, 4);
+        }
+        for (; p < p1; ++p) {  // the last pair of an odd K: its second half is the zero pad
+          dst[p * kPairElems + 2 * j] = row[2 * p];
+          dst[p * kPairElems + 2 * j + 1] = 0;
+        }
+      }
+    }
+  }
+}
+
+uint16_t strips_at(const uint16_t* form, int64_t K, int64_t n, int64_t k) {
+  const int64_t P = strips_pairs(K);
+  return form[((n / kStripRows) * P + k / 2) * kPairElems + (n % kStripRows) * 2 + (k % 2)];
+}
+
+namespace {
+
+#define MM3_STRIPS_BF16 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")))
+#define MM3_STRIPS_F32 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
+
+// Stores the 2 x M accumulators of strip g (rows 32g.., lanes = rows) into sums, rows past N left out.
+template <int M>
+MM3_STRIPS_F32 inline void store_strip(__m512 (&acc)[2][M], int64_t g, int64_t N, float* sums) {
+  const int64_t r0 = g * kStripRows, valid = std::min<int64_t>(kStripRows, N - r0);
+  const int v0 = static_cast<int>(std::min<int64_t>(valid, 16)),
+            v1 = static_cast<int>(std::max<int64_t>(valid - 16, 0));
+  const __mmask16 m0 = v0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << v0) - 1u);
+  const __mmask16 m1 = v1 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << v1) - 1u);
+#pragma GCC unroll 4
+  for (int m = 0; m < M; ++m) {
+    _mm512_mask_storeu_ps(sums + m * N + r0, m0, acc[0][m]);
+    _mm512_mask_storeu_ps(sums + m * N + r0 + 16, m1, acc[1][m]);
+  }
+}
+
+// Per pair p: the strip's two lines (rows 0-15, 16-31), x's pair p of each row broadcast, one
+// VDPBF16PS per (half, m) in the operand order of gemm_nt's tile_bf16_avx512 (so the same bits).
+template <int M>
+MM3_STRIPS_BF16 void gemv_bf16_m(const uint16_t* xb, int64_t Kp, const uint16_t* form, int64_t N, int64_t K, int64_t g0,
+                                 int64_t g1, float* sums) {
+  const int64_t P = strips_pairs(K);
+  const uint32_t* xp[M];
+  for (int m = 0; m < M; ++m) xp[m] = reinterpret_cast<const uint32_t*>(xb + m * Kp);
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint16_t* sp = form + g * P * kPairElems;
+    __m512 acc[2][M];
+#pragma GCC unroll 4
+    for (int m = 0; m < M; ++m) acc[0][m] = acc[1][m] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < P; ++p) {
+      const __m512i b0 = _mm512_load_si512(sp + p * kPairElems), b1 = _mm512_load_si512(sp + p * kPairElems + 32);
+#pragma GCC unroll 4
+      for (int m = 0; m < M; ++m) {
+        const __m512i a = _mm512_set1_epi32(static_cast<int>(xp[m][p]));
+        acc[0][m] = _mm512_dpbf16_ps(acc[0][m], (__m512bh)a, (__m512bh)b0);
+        acc[1][m] = _mm512_dpbf16_ps(acc[1][m], (__m512bh)a, (__m512bh)b1);
+      }
+    }
+    store_strip<M>(acc, g, N, sums);
+  }
+}
+
+// Per pair p: the two lines widened to fp32 (the low halves: k = 2p, the high: k = 2p + 1), then per
+// (half, m) the FMA of k = 2p and of k = 2p + 1, in order: one FMA chain per output over k, as gemm_nt's
+// fp32 tile (fmadd(a, b, c) with a the broadcast x) runs it. An odd K's last pair takes its first half only.
+template <int M>
+MM3_STRIPS_F32 void gemv_f32_m(const float* x, int64_t ldx, const uint16_t* form, int64_t N, int64_t K, int64_t g0,
+                               int64_t g1, float* sums) {
+  const int64_t P = strips_pairs(K), Pf = K / 2;
+  const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint16_t* sp = form + g * P * kPairElems;
+    __m512 acc[2][M];
+#pragma GCC unroll 4
+    for (int m = 0; m < M; ++m) acc[0][m] = acc[1][m] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < P; ++p) {
+      const __m512i b0 = _mm512_load_si512(sp + p * kPairElems), b1 = _mm512_load_si512(sp + p * kPairElems + 32);
+      // (The zero-masked shift: GCC 12 warns of an uninitialized operand in the unmasked one inlined here.)
+      const __m512 e0 = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, b0, 16)),
+                   e1 = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, b1, 16));
+      const __m512 o0 = _mm512_castsi512_ps(_mm512_and_si512(b0, hi)),
+                   o1 = _mm512_castsi512_ps(_mm512_and_si512(b1, hi));
+      const bool whole = p < Pf;
+#pragma GCC unroll 4
+      for (int m = 0; m < M; ++m) {
+        const __m512 a0 = _mm512_set1_ps(x[m * ldx + 2 * p]);
+        acc[0][m] = _mm512_fmadd_ps(a0, e0, acc[0][m]);
+        acc[1][m] = _mm512_fmadd_ps(a0, e1, acc[1][m]);
+        if (whole) {
+          const __m512 a1 = _mm512_set1_ps(x[m * ldx + 2 * p + 1]);
+          acc[0][m] = _mm512_fmadd_ps(a1, o0, acc[0][m]);
+          acc[1][m] = _mm512_fmadd_ps(a1, o1, acc[1][m]);
+        }
+      }
+    }
+    store_strip<M>(acc, g, N, sums);
+  }
+}
+
+}  // namespace
+
+void strips_gemv_bf16(const uint16_t* xb, int64_t Kp, int64_t M, const uint16_t* form, int64_t N, int64_t K, int64_t g0,
+                      int64_t g1, float* sums) {
+  switch (M) {
+    case 1:
+      return gemv_bf16_m<1>(xb, Kp, form, N, K, g0, g1, sums);
+    case 2:
+      return gemv_bf16_m<2>(xb, Kp, form, N, K, g0, g1, sums);
+    case 3:
+      return gemv_bf16_m<3>(xb, Kp, form, N, K, g0, g1, sums);
+    default:
+      return gemv_bf16_m<4>(xb, Kp, form, N, K, g0, g1, sums);
+  }
+}
+
+void strips_gemv_f32(const float* x, int64_t ldx, int64_t M, const uint16_t* form, int64_t N, int64_t K, int64_t g0,
+                     int64_t g1, float* sums) {
+  switch (M) {
+    case 1:
+      return gemv_f32_m<1>(x, ldx, form, N, K, g0, g1, sums);
+    case 2:
+      return gemv_f32_m<2>(x, ldx, form, N, K, g0, g1, sums);
+    case 3:
+      return gemv_f32_m<3>(x, ldx, form, N, K, g0, g1, sums);
+    default:
+      return gemv_f32_m<4>(x, ldx, form, N, K, g0, g1, sums);
+  }
+}
+
+void strips_block_bf16(const uint16_t* form, int64_t K, int64_t n0, int64_t nc, int64_t k0, int64_t kc, uint16_t* Bp) {
+  const int64_t P = strips_pairs(K), kp = (kc + 1) / 2, strips = (nc + kStripRows - 1) / kStripRows;
+  for (int64_t s = 0; s < strips; ++s)
+    std::memcpy(Bp + s * kp * kPairElems, form + ((n0 / kStripRows + s) * P + k0 / 2) * kPairElems,
+                static_cast<size_t>(kp * kPairElems) * sizeof(uint16_t));
+}
+
+void strips_block_f32(const uint16_t* form, int64_t K, int64_t n0, int64_t nc, int64_t k0, int64_t kc, float* Bp) {
+  const int64_t P = strips_pairs(K), strips = (nc + kStripRows - 1) / kStripRows;
+  for (int64_t s = 0; s < strips; ++s) {
+    const uint16_t* sp = form + (n0 / kStripRows + s) * P * kPairElems;
+    float* dst = Bp + s * kc * kStripRows;
+    for (int64_t k = 0; k < kc; ++k) {
+      const uint16_t* src = sp + ((k0 + k) / 2) * kPairElems + ((k0 + k) % 2);
+      for (int64_t j = 0; j < kStripRows; ++j) dst[k * kStripRows + j] = bf16_bits_to_f32(src[2 * j]);
+    }
+  }
+}
+
+}  // namespace mm3::kern::detail

@@ -1,0 +1,154 @@
+// kernels_strips.cpp — the strip form of a BF16 weight (kern::bf16_strips, kernels/cpu/strips.h): its
+// packing, and `linear` on it giving every output the GEMM's bits (one chain over k) for every M.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/strips.h"
+#include "kernels/kernels.h"
+#include "kernels/ref/ref_kernels.h"
+#include "kernels_util.h"
+
+namespace mm3 {
+namespace {
+
+using test::Rng;
+
+// Values spread over 2^-12..2^12, so that any other summation order changes bits.
+std::vector<float> spread(Rng& rng, size_t n) {
+  std::vector<float> v = rng.vec(n, -1.f, 1.f, true);
+  for (auto& e : v) e = std::ldexp(e, static_cast<int>(rng.int_in(-12, 12)));
+  return v;
+}
+
+struct Sizes {
+  int64_t N, K;
+};
+// Partial last strips (N % 32), odd K (a padded last pair), K below and above a GEMM K block.
+const Sizes kSizes[] = {{70, 517}, {33, 96}, {1, 3}, {100, 1031}};
+
+#define MM3_NEEDS_STRIPS() \
+  if (!kern::bf16_strips_offered()) GTEST_SKIP() << "the strip form needs AVX512-BF16, which this CPU lacks"
+
+// The form holds W[n, k] where strips.h says, and zeros in the pads (rows past N, k = K of an odd K).
+// RED: packing the pair halves swapped fails.
+TEST(KernelsStrips, FormHoldsTheWeightAndZeroPads) {
+  MM3_NEEDS_STRIPS();
+  Rng rng(5);
+  for (const Sizes& z : kSizes) {
+    SCOPED_TRACE(::testing::Message() << "N=" << z.N << " K=" << z.K);
+    const Tensor w = Tensor::from_f32(spread(rng, size_t(z.N * z.K)), {z.N, z.K}).to(DType::BF16);
+    const auto* wb = static_cast<const uint16_t*>(w.raw());
+    std::vector<uint16_t> form(static_cast<size_t>(kern::detail::strips_size(z.N, z.K)), 0xFFFF);
+    kern::detail::strips_pack_part(wb, z.K, z.N, z.K, 0, kern::detail::strips_count(z.N), form.data());
+    int64_t bad = 0;
+    for (int64_t n = 0; n < kern::detail::strips_count(z.N) * 32; ++n)
+      for (int64_t k = 0; k < 2 * kern::detail::strips_pairs(z.K); ++k) {
+        const uint16_t want = n < z.N && k < z.K ? wb[n * z.K + k] : uint16_t(0);
+        bad += kern::detail::strips_at(form.data(), z.K, n, k) != want;
+      }
+    EXPECT_EQ(bad, 0);
+  }
+}
+
+// For every M (the GEMV for M <= 4, the GEMM above), both stores, with and without bias, on 1 and 2
+// threads: linear on the strip form writes bitwise what the GEMM on the plain weight writes for those
+// rows (the GEMV's rows taken from a 6-row GEMM call whose first rows are x). And the outputs lie within
+// the fp32 summation bound of the exact sums (ref twin), so neither side is wrong in the same way.
+// RED: the GEMV's pairs in two chains (even and odd p, added at the end) fails every GEMV case; so do
+// its FMAs of k = 2p + 1 before k = 2p (fp32 products).
+TEST(KernelsStrips, LinearEqualsTheGemmOnThePlainWeight) {
+  MM3_NEEDS_STRIPS();
+  ThreadPool p1(1), p2(2);
+  Rng rng(17);
+  for (const Sizes& z : kSizes)
+    for (bool with_bias : {false, true})
+      for (DType store : {DType::BF16, DType::F32})
+        for (int64_t M : {1, 2, 3, 4, 7}) {
+          SCOPED_TRACE(::testing::Message() << "N=" << z.N << " K=" << z.K << " bias=" << with_bias
+                                            << " store=" << test::store_name(store) << " M=" << M);
+          const int64_t Mg = std::max<int64_t>(M, 6);  // rows of the GEMM call (M > 4)
+          std::vector<float> x = spread(rng, size_t(Mg * z.K));
+          if (store == DType::BF16)  // a bf16 computation's x is bf16-valued
+            for (auto& v : x) v = round_bf16(v);
+          // Each weight row's last 3 values cancel its sum against x's first row almost exactly, so that
+          // another summation order changes bits even through a bf16 store.
+          std::vector<float> wv = spread(rng, size_t(z.N * z.K));
+          for (int64_t n = 0; n < z.N; ++n) {
+            double part = 0;
+            for (int64_t k = 0; k < z.K; ++k) {
+              float& e = wv[size_t(n * z.K + k)];
+              e = round_bf16(k < z.K - 3 ? e : static_cast<float>(-part / x[size_t(k)]));
+              part += double(x[size_t(k)]) * e;
+            }
+          }
+          const Tensor w = Tensor::from_f32(wv, {z.N, z.K}).to(DType::BF16);
+          const Tensor bias = with_bias ? Tensor::from_f32(spread(rng, size_t(z.N)), {z.N}) : Tensor();
+          const kern::LinearWeight plain(w, bias);
+          const kern::LinearWeight strips =
+              kern::bf16_strips(static_cast<const uint16_t*>(w.raw()), z.K, z.N, z.K, &p2, bias);
+          ASSERT_EQ(strips.gemm_kind(), kern::GemmKind::Bf16Strips);
+          ASSERT_TRUE(strips.weight().raw() == nullptr) << "the plain tensor is not kept";
+          std::vector<float> want(size_t(Mg * z.N), -7.f);
+          kern::linear(p2, x.data(), Mg, z.K, plain, want.data(), z.N, store);
+          for (const ThreadPool* pool : {&p1, &p2}) {
+            std::vector<float> got(size_t(M * z.N), -7.f);
+            kern::linear(*pool, x.data(), M, z.K, strips, got.data(), z.N, store);
+            EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0) << pool->size() << " thread(s)";
+          }
+          std::vector<float> ref(size_t(M * z.N));
+          ref::linear(p1, x.data(), M, z.K, plain, ref.data(), z.N, store);
+          const float* b = plain.bias_f32();
+          const auto* wb = static_cast<const uint16_t*>(w.raw());
+          int64_t off = 0;
+          for (int64_t m = 0; m < M; ++m)
+            for (int64_t n = 0; n < z.N; ++n) {
+              double mag = b ? std::fabs(double(b[n])) : 0.0;
+              for (int64_t k = 0; k < z.K; ++k)
+                mag += std::fabs(double(x[size_t(m * z.K + k)]) * double(bf16_bits_to_f32(wb[n * z.K + k])));
+              double tol = (z.K + 2) * 0.5 * test::kEps32 * mag;  // fp32 summation bound (kernels_linear.cpp)
+              if (store == DType::BF16) tol += test::bf16_ulp(ref[size_t(m * z.N + n)]);
+              off += !(std::fabs(double(want[size_t(m * z.N + n)]) - double(ref[size_t(m * z.N + n)])) <= tol);
+            }
+          EXPECT_EQ(off, 0) << "outputs outside the fp32 summation bound";
+        }
+}
+
+// linear_multi over strip-form weights (one pass over their concatenated strips) writes bitwise what
+// linear() on each writes, into one fused output buffer. RED: a segment's strips offset by its start
+// (g0 instead of g0 - starts[i]) fails.
+TEST(KernelsStrips, MultiEqualsSeparateLinears) {
+  MM3_NEEDS_STRIPS();
+  ThreadPool p1(1), p2(2);
+  Rng rng(23);
+  const int64_t K = 517, Ns[3] = {37, 130, 9}, total = 37 + 130 + 9, ldy = total + 3;
+  std::vector<Tensor> plain;
+  std::vector<kern::LinearWeight> ws;
+  for (int i = 0; i < 3; ++i) {
+    plain.push_back(Tensor::from_f32(spread(rng, size_t(Ns[i] * K)), {Ns[i], K}).to(DType::BF16));
+    const Tensor bias = i == 1 ? Tensor() : Tensor::from_f32(spread(rng, size_t(Ns[i])), {Ns[i]});
+    ws.push_back(kern::bf16_strips(static_cast<const uint16_t*>(plain.back().raw()), K, Ns[i], K, &p2, bias));
+  }
+  for (DType store : {DType::F32, DType::BF16})
+    for (int64_t M : {1, 2, 4, 6}) {
+      SCOPED_TRACE(::testing::Message() << "store=" << test::store_name(store) << " M=" << M);
+      std::vector<float> x = spread(rng, size_t(M * K));
+      if (store == DType::BF16)
+        for (auto& v : x) v = round_bf16(v);
+      std::vector<float> want(size_t(M * ldy), -7.f);
+      for (int64_t i = 0, off = 0; i < 3; off += Ns[i], ++i)
+        kern::linear(p2, x.data(), M, K, ws[size_t(i)], want.data() + off, ldy, store);
+      for (const ThreadPool* pool : {&p1, &p2}) {
+        std::vector<float> got(want.size(), -7.f);
+        const kern::LinearOut outs[3] = {
+            {&ws[0], got.data(), ldy}, {&ws[1], got.data() + Ns[0], ldy}, {&ws[2], got.data() + Ns[0] + Ns[1], ldy}};
+        kern::linear_multi(*pool, x.data(), M, K, outs, store);
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0) << pool->size() << " thread(s)";
+      }
+    }
+}
+
+}  // namespace
+}  // namespace mm3
