@@ -128,11 +128,14 @@ void blas_threads(const ThreadPool& pool) {
 // alone (chunk remainders) give the same bits, whatever the thread chunking.
 constexpr int kGemvNB = 4;
 constexpr int gemv_chains(int M) { return M <= 2 ? 2 : 1; }
-// The bf16 body's chains: 2 for M = 1, else 1 (one chain per (row, m), so M = 2 still has 2 per row).
-// One chain per (row, m) halves the accumulators, which is what lets 12 rows sit side by side in the 32
-// vector registers (12 x 2 x 1 + 2 x + 1 weight); see gemv_bf16_rows for why more rows stream faster.
-// Until the thirty-second session M = 2 took 2 chains (other bits, same bound).
-constexpr int gemv_bf16_chains(int M) { return M == 1 ? 2 : 1; }
+// The bf16 body's chains: one per (row, m) for every M (M = 2 still has 2 per row). It halves the
+// accumulators, which is what lets 12 rows sit side by side in the 32 vector registers (12 x 2 x 1 + 2 x +
+// 1 weight); see gemv_bf16_rows for why more rows stream faster. It is also the order the strip form's
+// GEMV reproduces (strips.h), so a model decodes to the same bits in either form. Until the thirty-second
+// session M <= 2 took 2 chains (other bits, same bound). On the bf16 goldens' tiny checkpoint (depth
+// decoder K = 64 and 96) both orders leave the depth decoder bit-identical to torch; one chain over k
+// (the GEMM's order, which the strip form's GEMV ran at first) read depth_bf16 0.991 / 0.977.
+constexpr int gemv_bf16_chains(int) { return 1; }
 // The bf16 body's software prefetch distance (PREFETCHT1 ahead of each weight stream; gemv_bf16_prefetch).
 constexpr int64_t kGemvBf16PfBytes = 2048;
 
@@ -531,10 +534,12 @@ void strips_gemv(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx,
   const bool bf16 = store == DType::BF16;
   MM3_CHECK(bf16 ? cpu_has_avx512bf16() : cpu_has_avx512(), "linear: a strip-form weight on a CPU without {}",
             bf16 ? "AVX512-BF16" : "AVX-512");
-  aligned_vector<uint16_t> xb;
+  aligned_vector<uint32_t> xq;  // x as bf16 pairs in the form's pair order (strips.h)
   if (bf16) {  // bf16 computation: x is bf16-valued by convention, so its bf16 copy is exact
-    xb.assign(static_cast<size_t>(M * Kp), 0);
+    aligned_vector<uint16_t> xb(static_cast<size_t>(M * Kp), 0);
     for (int64_t m = 0; m < M; ++m) f32_to_bf16(x + m * ldx, xb.data() + m * Kp, static_cast<size_t>(K));
+    xq.resize(static_cast<size_t>(M * Kp / 2));
+    detail::strips_order_x(xb.data(), Kp, M, xq.data());
   }
   // Enough strips per chunk that a chunk streams at least ~64 KiB of weights.
   const int64_t min_strips = std::max<int64_t>(1, (64 * 1024) / (detail::kStripRows * Kp * 2));
@@ -546,7 +551,7 @@ void strips_gemv(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx,
           const int64_t N = w.out_features();
           float* s = sums.data() + M * rows[i];
           if (bf16)
-            detail::strips_gemv_bf16(xb.data(), Kp, M, strips_of(w), N, K, g0, g1, s);
+            detail::strips_gemv_bf16(xq.data(), M, strips_of(w), N, K, g0, g1, s);
           else
             detail::strips_gemv_f32(x, ldx, M, strips_of(w), N, K, g0, g1, s);
           epilogue(s, M, N, w.bias_f32(), outs[i].y, outs[i].ldy, g0 * detail::kStripRows,

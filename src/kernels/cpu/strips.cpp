@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "core/dtype.h"
 
@@ -17,6 +18,8 @@ constexpr int64_t kPairElems = 2 * kStripRows;  // uint16 per pair of a strip (1
 void strips_pack_part(const uint16_t* B, int64_t ldb, int64_t N, int64_t K, int64_t g0, int64_t g1, uint16_t* form) {
   const int64_t P = strips_pairs(K), Pf = K / 2;  // pairs, whole pairs
   constexpr int64_t kBlk = 64;                    // pairs per block: a strip's block is 8 KiB, in L1
+  std::vector<int64_t> pos(static_cast<size_t>(P));
+  for (int64_t p = 0; p < P; ++p) pos[size_t(p)] = strips_pair_pos(p, P) * kPairElems;
   for (int64_t g = g0; g < g1; ++g) {
     uint16_t* dst = form + g * P * kPairElems;
     for (int64_t p0 = 0; p0 < P; p0 += kBlk) {
@@ -24,7 +27,7 @@ void strips_pack_part(const uint16_t* B, int64_t ldb, int64_t N, int64_t K, int6
       for (int64_t j = 0; j < kStripRows; ++j) {
         const int64_t n = g * kStripRows + j;
         if (n >= N) {
-          for (int64_t p = p0; p < p1; ++p) dst[p * kPairElems + 2 * j] = dst[p * kPairElems + 2 * j + 1] = 0;
+          for (int64_t p = p0; p < p1; ++p) dst[pos[size_t(p)] + 2 * j] = dst[pos[size_t(p)] + 2 * j + 1] = 0;
           continue;
         }
         const uint16_t* row = B + n * ldb;
@@ -32,11 +35,11 @@ void strips_pack_part(const uint16_t* B, int64_t ldb, int64_t N, int64_t K, int6
         for (; p < std::min(p1, Pf); ++p) {  // whole pairs as 32-bit words
           uint32_t v;
           std::memcpy(&v, row + 2 * p, 4);
-          std::memcpy(dst + p * kPairElems + 2 * j, &v, 4);
+          std::memcpy(dst + pos[size_t(p)] + 2 * j, &v, 4);
         }
         for (; p < p1; ++p) {  // the last pair of an odd K: its second half is the zero pad
-          dst[p * kPairElems + 2 * j] = row[2 * p];
-          dst[p * kPairElems + 2 * j + 1] = 0;
+          dst[pos[size_t(p)] + 2 * j] = row[2 * p];
+          dst[pos[size_t(p)] + 2 * j + 1] = 0;
         }
       }
     }
@@ -45,7 +48,13 @@ void strips_pack_part(const uint16_t* B, int64_t ldb, int64_t N, int64_t K, int6
 
 uint16_t strips_at(const uint16_t* form, int64_t K, int64_t n, int64_t k) {
   const int64_t P = strips_pairs(K);
-  return form[((n / kStripRows) * P + k / 2) * kPairElems + (n % kStripRows) * 2 + (k % 2)];
+  return form[((n / kStripRows) * P + strips_pair_pos(k / 2, P)) * kPairElems + (n % kStripRows) * 2 + (k % 2)];
+}
+
+void strips_order_x(const uint16_t* xb, int64_t Kp, int64_t M, uint32_t* xq) {
+  const int64_t P = Kp / 2;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t p = 0; p < P; ++p) std::memcpy(xq + m * P + strips_pair_pos(p, P), xb + m * Kp + 2 * p, 4);
 }
 
 namespace {
@@ -68,29 +77,44 @@ MM3_STRIPS_F32 inline void store_strip(__m512 (&acc)[2][M], int64_t g, int64_t N
   }
 }
 
-// Per pair p: the strip's two lines (rows 0-15, 16-31), x's pair p of each row broadcast, one
-// VDPBF16PS per (half, m) in the operand order of gemm_nt's tile_bf16_avx512 (so the same bits).
+// Residue by residue q: per pair of the residue the strip's two lines (rows 0-15, 16-31), x's pair
+// broadcast, one VDPBF16PS per (half, m) in the row-major body's operand order (x, then the weight);
+// the 16 residues' chains then meet in _mm512_reduce_add_ps's tree (GCC: lanes i + 8, then i + 4, then
+// (0 + 2) + (1 + 3)), lane by lane, which is what the row-major body's reduction does to its lanes.
 template <int M>
-MM3_STRIPS_BF16 void gemv_bf16_m(const uint16_t* xb, int64_t Kp, const uint16_t* form, int64_t N, int64_t K, int64_t g0,
-                                 int64_t g1, float* sums) {
+MM3_STRIPS_BF16 void gemv_bf16_m(const uint32_t* xq, const uint16_t* form, int64_t N, int64_t K, int64_t g0, int64_t g1,
+                                 float* sums) {
   const int64_t P = strips_pairs(K);
-  const uint32_t* xp[M];
-  for (int m = 0; m < M; ++m) xp[m] = reinterpret_cast<const uint32_t*>(xb + m * Kp);
   for (int64_t g = g0; g < g1; ++g) {
     const uint16_t* sp = form + g * P * kPairElems;
-    __m512 acc[2][M];
+    __m512 part[16][2][M];
+    for (int q = 0; q < 16; ++q) {
+      const int64_t b = strips_residue_start(q, P), e = strips_residue_start(q + 1, P);
+      __m512 acc[2][M];
 #pragma GCC unroll 4
-    for (int m = 0; m < M; ++m) acc[0][m] = acc[1][m] = _mm512_setzero_ps();
-    for (int64_t p = 0; p < P; ++p) {
-      const __m512i b0 = _mm512_load_si512(sp + p * kPairElems), b1 = _mm512_load_si512(sp + p * kPairElems + 32);
+      for (int m = 0; m < M; ++m) acc[0][m] = acc[1][m] = _mm512_setzero_ps();
+      for (int64_t t = b; t < e; ++t) {
+        const __m512i b0 = _mm512_load_si512(sp + t * kPairElems), b1 = _mm512_load_si512(sp + t * kPairElems + 32);
+#pragma GCC unroll 4
+        for (int m = 0; m < M; ++m) {
+          const __m512i a = _mm512_set1_epi32(static_cast<int>(xq[m * P + t]));
+          acc[0][m] = _mm512_dpbf16_ps(acc[0][m], (__m512bh)a, (__m512bh)b0);
+          acc[1][m] = _mm512_dpbf16_ps(acc[1][m], (__m512bh)a, (__m512bh)b1);
+        }
+      }
+#pragma GCC unroll 4
+      for (int m = 0; m < M; ++m) part[q][0][m] = acc[0][m], part[q][1][m] = acc[1][m];
+    }
+    __m512 out[2][M];
+    for (int h = 0; h < 2; ++h)
 #pragma GCC unroll 4
       for (int m = 0; m < M; ++m) {
-        const __m512i a = _mm512_set1_epi32(static_cast<int>(xp[m][p]));
-        acc[0][m] = _mm512_dpbf16_ps(acc[0][m], (__m512bh)a, (__m512bh)b0);
-        acc[1][m] = _mm512_dpbf16_ps(acc[1][m], (__m512bh)a, (__m512bh)b1);
+        __m512 t3[8], t6[4];
+        for (int i = 0; i < 8; ++i) t3[i] = _mm512_add_ps(part[8 + i][h][m], part[i][h][m]);
+        for (int i = 0; i < 4; ++i) t6[i] = _mm512_add_ps(t3[4 + i], t3[i]);
+        out[h][m] = _mm512_add_ps(_mm512_add_ps(t6[0], t6[2]), _mm512_add_ps(t6[1], t6[3]));
       }
-    }
-    store_strip<M>(acc, g, N, sums);
+    store_strip<M>(out, g, N, sums);
   }
 }
 
@@ -108,7 +132,8 @@ MM3_STRIPS_F32 void gemv_f32_m(const float* x, int64_t ldx, const uint16_t* form
 #pragma GCC unroll 4
     for (int m = 0; m < M; ++m) acc[0][m] = acc[1][m] = _mm512_setzero_ps();
     for (int64_t p = 0; p < P; ++p) {
-      const __m512i b0 = _mm512_load_si512(sp + p * kPairElems), b1 = _mm512_load_si512(sp + p * kPairElems + 32);
+      const int64_t t = strips_pair_pos(p, P);
+      const __m512i b0 = _mm512_load_si512(sp + t * kPairElems), b1 = _mm512_load_si512(sp + t * kPairElems + 32);
       // (The zero-masked shift: GCC 12 warns of an uninitialized operand in the unmasked one inlined here.)
       const __m512 e0 = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, b0, 16)),
                    e1 = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, b1, 16));
@@ -133,17 +158,17 @@ MM3_STRIPS_F32 void gemv_f32_m(const float* x, int64_t ldx, const uint16_t* form
 
 }  // namespace
 
-void strips_gemv_bf16(const uint16_t* xb, int64_t Kp, int64_t M, const uint16_t* form, int64_t N, int64_t K, int64_t g0,
-                      int64_t g1, float* sums) {
+void strips_gemv_bf16(const uint32_t* xq, int64_t M, const uint16_t* form, int64_t N, int64_t K, int64_t g0, int64_t g1,
+                      float* sums) {
   switch (M) {
     case 1:
-      return gemv_bf16_m<1>(xb, Kp, form, N, K, g0, g1, sums);
+      return gemv_bf16_m<1>(xq, form, N, K, g0, g1, sums);
     case 2:
-      return gemv_bf16_m<2>(xb, Kp, form, N, K, g0, g1, sums);
+      return gemv_bf16_m<2>(xq, form, N, K, g0, g1, sums);
     case 3:
-      return gemv_bf16_m<3>(xb, Kp, form, N, K, g0, g1, sums);
+      return gemv_bf16_m<3>(xq, form, N, K, g0, g1, sums);
     default:
-      return gemv_bf16_m<4>(xb, Kp, form, N, K, g0, g1, sums);
+      return gemv_bf16_m<4>(xq, form, N, K, g0, g1, sums);
   }
 }
 
@@ -163,9 +188,12 @@ void strips_gemv_f32(const float* x, int64_t ldx, int64_t M, const uint16_t* for
 
 void strips_block_bf16(const uint16_t* form, int64_t K, int64_t n0, int64_t nc, int64_t k0, int64_t kc, uint16_t* Bp) {
   const int64_t P = strips_pairs(K), kp = (kc + 1) / 2, strips = (nc + kStripRows - 1) / kStripRows;
-  for (int64_t s = 0; s < strips; ++s)
-    std::memcpy(Bp + s * kp * kPairElems, form + ((n0 / kStripRows + s) * P + k0 / 2) * kPairElems,
-                static_cast<size_t>(kp * kPairElems) * sizeof(uint16_t));
+  for (int64_t s = 0; s < strips; ++s) {
+    const uint16_t* sp = form + (n0 / kStripRows + s) * P * kPairElems;
+    for (int64_t t = 0; t < kp; ++t)
+      std::memcpy(Bp + (s * kp + t) * kPairElems, sp + strips_pair_pos(k0 / 2 + t, P) * kPairElems,
+                  static_cast<size_t>(kPairElems) * sizeof(uint16_t));
+  }
 }
 
 void strips_block_f32(const uint16_t* form, int64_t K, int64_t n0, int64_t nc, int64_t k0, int64_t kc, float* Bp) {
@@ -174,7 +202,7 @@ void strips_block_f32(const uint16_t* form, int64_t K, int64_t n0, int64_t nc, i
     const uint16_t* sp = form + (n0 / kStripRows + s) * P * kPairElems;
     float* dst = Bp + s * kc * kStripRows;
     for (int64_t k = 0; k < kc; ++k) {
-      const uint16_t* src = sp + ((k0 + k) / 2) * kPairElems + ((k0 + k) % 2);
+      const uint16_t* src = sp + strips_pair_pos((k0 + k) / 2, P) * kPairElems + ((k0 + k) % 2);
       for (int64_t j = 0; j < kStripRows; ++j) dst[k * kStripRows + j] = bf16_bits_to_f32(src[2 * j]);
     }
   }
