@@ -81,10 +81,11 @@ class LinearWeight {
 
 // A BF16 weight ([N, K] bf16 bits, rows ldw apart) for the decode GEMV and the GEMM alike, held in
 // 32-row strips of bf16 pairs (GemmKind::Bf16Strips; kernels/cpu/strips.h) in huge-page memory; the
-// plain tensor is not kept (weight() is empty). `linear` on it runs every output as one chain over k
-// (the GEMM's order: bf16 pair dots with store BF16, fp32 FMAs with store F32) for every M, so the GEMV
-// and the GEMM agree bitwise and both equal the GEMM on the plain weight. The form's GEMV needs
-// AVX512-BF16 (bf16_strips_offered()); `pool` (may be null) packs it. Throws InternalError elsewhere.
+// plain tensor is not kept (weight() is empty). `linear` on it writes what `linear` on the plain weight
+// writes in a bf16 computation (store BF16) for every M: the row-major bf16 GEMV's bits for M <= 4, the
+// GEMM's above. With store F32 its GEMV (M <= 4) runs the GEMM's order (one FMA chain per output over k),
+// not the plain fp32 GEMV's. The form's GEMV needs AVX512-BF16 (bf16_strips_offered()); `pool` (may be
+// null) packs it. Throws InternalError where the form is not offered.
 bool bf16_strips_offered();
 LinearWeight bf16_strips(const uint16_t* w, int64_t ldw, int64_t N, int64_t K, const ThreadPool* pool,
                          Tensor bias = Tensor());

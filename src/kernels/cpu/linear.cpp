@@ -331,6 +331,9 @@ bool gemv_bf16_prefetch() {
 // lm_step 0.954 (30 runs, probe ~60 GB/s); gemv_bf16_4096x6144_m2 0.920 (probe 61), 4096x12288 0.961
 // (48), 12288x4096 0.997 (35); one thread 4096x12288 0.937.
 // Zen 4 takes 12 for M <= 2 and 8 for M = 3 and 4 (12 x 4 accumulators do not fit).
+// Since the same session the model's bf16 weights are in the strip form where the CPU has AVX512-BF16
+// (strips.h: one x line per 16 pairs, 2 per 32 weight lines at M = 2; the same bits as this body), so
+// this body serves plain BF16 weights: MM3_BF16_STRIPS=0, tests, and the bench's gemv_bf16_* stages.
 int gemv_bf16_rows(int64_t M, int64_t Kp) {
   const int forced = tuning::forced(tuning::Knob::GemvRows);
   if (forced > 0) return forced;
@@ -513,8 +516,8 @@ void linear_gemv(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx,
 }
 
 // The decode GEMV of several strip-form weights of one K sharing x (strips.h; one entry: linear's own):
-// one parallel pass over their concatenated strips. Each output is one chain over k whatever the
-// chunking or grouping, so neither changes a bit.
+// one parallel pass over their concatenated strips. An output's operations do not depend on the
+// chunking or the grouping, so neither changes a bit.
 struct Bf16StripsForm {
   Tensor data;  // uint16 bits, strips_size(N, K) of them
 };
