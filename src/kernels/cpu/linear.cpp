@@ -642,7 +642,7 @@ void linear(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, cons
     detail::dnnl_linear_f32(pool, x, M, ldx, w.gemm_form(), w.bias_f32(), y, ldy, store);
     return;
   }
-  if (w.gemm_kind() == GemmKind::Bf16Strips) {  // bf16_strips: one chain per output for every M (strips.h)
+  if (w.gemm_kind() == GemmKind::Bf16Strips) {  // bf16_strips: the plain weight's bits in a bf16 run (strips.h)
     if (M <= kGemvMaxM) {
       const LinearOut one{&w, y, ldy};
       strips_gemv(pool, x, M, ldx, &one, 1, store);
