@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "kernels/cpu/simd.h"
 
 namespace mm3::kern::detail {
 
@@ -15,14 +16,59 @@ namespace {
 constexpr int64_t kPairElems = 2 * kStripRows;  // uint16 per pair of a strip (128 bytes)
 }  // namespace
 
+namespace {
+
+// 16 rows x 16 pairs (one 64-byte load a row) transposed into the 16 pairs' halves: out[c] holds pair
+// p0 + c of the 16 rows, row i in dword i. Three rounds: dwords of row pairs, qwords of row quads, then
+// 128-bit lanes (row quads x element groups).
+__attribute__((target("avx512f"))) void transpose16_store(const uint16_t* const* rows, int64_t p0, uint16_t* dst,
+                                                          const int64_t* pos) {
+  __m512i r[16], t[16], u[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(rows[i] + 2 * p0);
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  // u[4i + e], lane L: element 4L + e of rows 4i .. 4i + 3.
+  for (int i = 0; i < 4; ++i) {
+    u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int e = 0; e < 4; ++e) {
+    const __m512i s0 = _mm512_shuffle_i32x4(u[e], u[4 + e], _MM_SHUFFLE(2, 0, 2, 0));
+    const __m512i s1 = _mm512_shuffle_i32x4(u[e], u[4 + e], _MM_SHUFFLE(3, 1, 3, 1));
+    const __m512i s2 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], _MM_SHUFFLE(2, 0, 2, 0));
+    const __m512i s3 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], _MM_SHUFFLE(3, 1, 3, 1));
+    const __m512i o[4] = {_mm512_shuffle_i32x4(s0, s2, _MM_SHUFFLE(2, 0, 2, 0)),   // element e
+                          _mm512_shuffle_i32x4(s1, s3, _MM_SHUFFLE(2, 0, 2, 0)),   // e + 4
+                          _mm512_shuffle_i32x4(s0, s2, _MM_SHUFFLE(3, 1, 3, 1)),   // e + 8
+                          _mm512_shuffle_i32x4(s1, s3, _MM_SHUFFLE(3, 1, 3, 1))};  // e + 12
+    for (int L = 0; L < 4; ++L) _mm512_storeu_si512(dst + pos[p0 + 4 * L + e], o[L]);
+  }
+}
+
+}  // namespace
+
 void strips_pack_part(const uint16_t* B, int64_t ldb, int64_t N, int64_t K, int64_t g0, int64_t g1, uint16_t* form) {
   const int64_t P = strips_pairs(K), Pf = K / 2;  // pairs, whole pairs
   constexpr int64_t kBlk = 64;                    // pairs per block: a strip's block is 8 KiB, in L1
   std::vector<int64_t> pos(static_cast<size_t>(P));
   for (int64_t p = 0; p < P; ++p) pos[size_t(p)] = strips_pair_pos(p, P) * kPairElems;
+  const bool vec = cpu_has_avx512();
   for (int64_t g = g0; g < g1; ++g) {
     uint16_t* dst = form + g * P * kPairElems;
-    for (int64_t p0 = 0; p0 < P; p0 += kBlk) {
+    int64_t p_done = 0;                      // pairs [0, p_done) written by the transposes for both halves
+    if (vec && (g + 1) * kStripRows <= N) {  // whole 16-pair blocks of 32 valid rows: 16 x 16 transposes
+      p_done = Pf / 16 * 16;
+      for (int h = 0; h < 2; ++h) {
+        const uint16_t* rows[16];
+        for (int i = 0; i < 16; ++i) rows[i] = B + (g * kStripRows + 16 * h + i) * ldb;
+        for (int64_t p0 = 0; p0 < p_done; p0 += 16) transpose16_store(rows, p0, dst + 32 * h, pos.data());
+      }
+    }
+    for (int64_t p0 = p_done; p0 < P; p0 += kBlk) {
       const int64_t p1 = std::min(P, p0 + kBlk);
       for (int64_t j = 0; j < kStripRows; ++j) {
         const int64_t n = g * kStripRows + j;
