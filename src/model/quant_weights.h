@@ -72,9 +72,10 @@ std::shared_ptr<const SafetensorsFile> open_quant_sidecar(const std::string& ckp
 // t None: a BF16 weight in the strip form (kern::bf16_strips, any size, its mapped pages released)
 // where the CPU offers it and MM3_BF16_STRIPS is not 0; otherwise the weight itself (the same bytes; a
 // mapped view of >= 4 MiB is copied into huge-page memory and its mapped pages released, which streams
-// ~2x faster). MM3_MMAP_WEIGHTS=1 keeps the view either way. Else the sidecar's tensors (BadModel naming the file and key when missing, of another type
-// or misshapen; codes and scales copied into one huge-page allocation and their mapped pages
-// released, unless MM3_MMAP_WEIGHTS=1) or the quantized bf16 weight.
+// ~2x faster). MM3_MMAP_WEIGHTS=1 keeps the view either way. Else the sidecar's tensors (BadModel
+// naming the file and key when missing, of another type or misshapen; codes and scales copied into one
+// huge-page allocation and their mapped pages released, unless MM3_MMAP_WEIGHTS=1) or the quantized
+// bf16 weight.
 kern::LinearWeight make_linear(const Tensor& w, const std::string& key, QuantType t, const QuantLoad& q);
 
 // Whether MM3_MMAP_WEIGHTS asks to keep weights as zero-copy views of the files (no resident copies).
