@@ -104,7 +104,7 @@ RegisterStage gemv_bf16{{
     .setup = [](const BenchContext& ctx) { return linear_stage(ctx, 2, 12288, 4096, DType::BF16, DType::BF16, true); },
 }};
 
-// The same two shapes on the strip form (kern::bf16_strips; one chain per output, lanes = rows),
+// The same two shapes on the strip form (kern::bf16_strips: lanes = rows, the row-major GEMV's bits),
 // which the model's LM and depth weights take where the CPU has AVX512-BF16: against the stages above
 // in one process, the form's rate against the row-major GEMV's.
 RegisterStage gemv_bf16_strips{{

@@ -1,5 +1,6 @@
 // kernels_strips.cpp — the strip form of a BF16 weight (kern::bf16_strips, kernels/cpu/strips.h): its
-// packing, and `linear` on it giving every output the GEMM's bits (one chain over k) for every M.
+// packing, and `linear` on it giving every output the plain weight's bits (the row-major bf16 GEMV's for
+// M <= 4 in a bf16 computation, the GEMM's otherwise).
 #include <gtest/gtest.h>
 
 #include <cmath>
