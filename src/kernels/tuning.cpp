@@ -32,6 +32,12 @@ const std::vector<KnobInfo>& knobs() {
        {0, 1},
        "vocoder fp32 residual units: 0 = conv1 and conv2 as two convolutions, 1 = one fused pass where the "
        "length allows (conv_winograd.cpp conv_residual_unit)"},
+      {Knob::QuantPfKib,
+       "quant_pf_kib",
+       "MM3_QUANT_PF_KIB",
+       {2, 4, 8, 16, 32},
+       "quantized decode GEMV (AVX512-VNNI): the prefetch distance on the codes in KiB (the scales' is half) "
+       "where quant_prefetch issues prefetches (quant.cpp)"},
   };
   return v;
 }
@@ -59,8 +65,8 @@ std::string accepted(const KnobInfo& i) {
 
 // One slot per knob, its first value from the environment (an unset or unrecognised value: -1).
 std::atomic<int>& slot(Knob k) {
-  static std::atomic<int> slots[4] = {-2, -2, -2, -2};
-  static_assert(sizeof(slots) / sizeof(slots[0]) == 4, "one slot per Knob");
+  static std::atomic<int> slots[5] = {-2, -2, -2, -2, -2};
+  static_assert(sizeof(slots) / sizeof(slots[0]) == 5, "one slot per Knob");
   std::atomic<int>& s = slots[static_cast<int>(k)];
   if (s.load(std::memory_order_relaxed) == -2) {
     const KnobInfo& i = info(k);

@@ -20,6 +20,7 @@ enum class Knob {
   QuantPrefetch,  // "quant_prefetch": the quantized GEMV's VNNI bodies' prefetches, 0 none, 1 NTA, 2 T1
   GemvPrefetch,   // "gemv_prefetch": the bf16 decode GEMV (AVX512-BF16), 0 = no software prefetch, 1 = with
   ResidualUnit,   // "residual_unit": the vocoder's fp32 residual units, 0 = two convolutions, 1 = one fused pass
+  QuantPfKib,     // "quant_pf_kib": how far ahead (KiB) the quantized GEMV's prefetches run on the codes
 };
 
 struct KnobInfo {

@@ -9,6 +9,7 @@
 #include "commands.h"
 #include "core/errors.h"
 #include "core/thread_pool.h"
+#include "kernels/tuning.h"
 #include "model/synth_checkpoint.h"
 
 namespace mm3::cli {
@@ -26,6 +27,16 @@ struct BenchArgs {
 };
 
 std::string fmt_rate(double v) { return v > 0 ? fmt::format("{:.1f}", v) : "-"; }
+
+// "gemv_rows=1,4,8,12; ..." from kern::tuning::knobs(), for --alternate's help.
+std::string knob_list() {
+  std::string s;
+  for (const kern::tuning::KnobInfo& k : kern::tuning::knobs()) {
+    s += fmt::format("{}{}=", s.empty() ? "" : "; ", k.name);
+    for (size_t i = 0; i < k.values.size(); ++i) s += fmt::format("{}{}", i ? "," : "", k.values[i]);
+  }
+  return s;
+}
 
 void print_table_row(const bench::StageResult& r) {
   const double med = r.median();
@@ -122,9 +133,8 @@ RegisterCommand reg{
        sub.add_option("-t,--threads", a->threads, "threads (default: all cores)");
        sub.add_option("--alternate", a->alternate,
                       "KNOB=A,B: run i of each stage with the kernel knob KNOB at the (i mod n)-th value, and report "
-                      "each value's runs apart (knobs: gemv_rows=1,4,8,12; gemv_prefetch=0,1; quant_prefetch=0,1,2; "
-                      "residual_unit=0,1; "
-                      "src/kernels/tuning.h)");
+                      "each value's runs apart; -1 is the kernel's own choice (knobs: " +
+                          knob_list() + "; src/kernels/tuning.h)");
        sub.footer(
            "Prints one JSON object per stage on stdout: stage, runs, median_s, min_s, max_s, mean_s, setup_s,\n"
            "threads, bytes + gb_per_s and flops + gflop_per_s where meaningful, peak_rss_mb (the stage's own\n"

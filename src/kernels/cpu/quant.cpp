@@ -530,7 +530,13 @@ MM3_Q_TARGET inline float lane_tree_v(__m512 acc) {
 // stream, 1/4 of the q4 bytes) gets its own prefetch kVnniScPfBytes ahead: q4 222.1 -> 209.7 ms (int8
 // 282.5 -> 279.3, within the noise).
 constexpr int64_t kVnniPfBytes = 4096;
-constexpr int64_t kVnniScPfBytes = 2048;
+
+// The distance the bodies prefetch the codes at (the scales at half of it): kVnniPfBytes, or the knob
+// quant_pf_kib.
+int64_t vnni_pf_bytes() {
+  const int forced = tuning::forced(tuning::Knob::QuantPfKib);
+  return forced > 0 ? int64_t(forced) * 1024 : kVnniPfBytes;
+}
 
 // Superblock s of NB rows (n-th pointers in qr / sc), M activation rows. Each (row, m) integer sum runs
 // in C chains (vector v of the superblock into chain v % C; the chains added at the end: integer sums
@@ -550,7 +556,7 @@ constexpr int64_t kVnniScPfBytes = 2048;
 // depth_frame_q4 100 / 108 / 114 -> 85 / 82 / 87 ms.
 template <int M, bool I8, int NB, int PF>
 MM3_Q_TARGET inline void superblock_vnni(const QuantActs& a, const uint8_t* const (&qr)[NB],
-                                         const uint16_t* const (&sc)[NB], int64_t s, int64_t nblk,
+                                         const uint16_t* const (&sc)[NB], int64_t s, int64_t nblk, int64_t pfd,
                                          __m512 (&acc)[NB][M]) {
   constexpr int C = std::clamp(8 / (M * NB), 1, 4);
   const __m512i lo4 = _mm512_set1_epi8(0x0F);
@@ -573,7 +579,7 @@ MM3_Q_TARGET inline void superblock_vnni(const QuantActs& a, const uint8_t* cons
 #pragma GCC unroll 16
       for (int r = 0; r < NB; ++r) {
         const __m512i wv = _mm512_loadu_si512(qr[r] + s * kQuantSuper + 64 * v);
-        if constexpr (PF > 0) __builtin_prefetch(qr[r] + s * kQuantSuper + 64 * v + kVnniPfBytes, 0, PF == 2 ? 2 : 0);
+        if constexpr (PF > 0) __builtin_prefetch(qr[r] + s * kQuantSuper + 64 * v + pfd, 0, PF == 2 ? 2 : 0);
 #pragma GCC unroll 16
         for (int m = 0; m < M; ++m) isum[r][m][v % C] = _mm512_dpbusd_epi32(isum[r][m][v % C], wv, xv[m]);
       }
@@ -590,8 +596,7 @@ MM3_Q_TARGET inline void superblock_vnni(const QuantActs& a, const uint8_t* cons
 #pragma GCC unroll 16
       for (int r = 0; r < NB; ++r) {
         const __m512i b = _mm512_loadu_si512(qr[r] + s * (kQuantSuper / 2) + 64 * c);
-        if constexpr (PF > 0)
-          __builtin_prefetch(qr[r] + s * (kQuantSuper / 2) + 64 * c + kVnniPfBytes, 0, PF == 2 ? 2 : 0);
+        if constexpr (PF > 0) __builtin_prefetch(qr[r] + s * (kQuantSuper / 2) + 64 * c + pfd, 0, PF == 2 ? 2 : 0);
         const __m512i wl = _mm512_and_si512(b, lo4), wh = _mm512_and_si512(_mm512_srli_epi16(b, 4), lo4);
 #pragma GCC unroll 16
         for (int m = 0; m < M; ++m) {
@@ -604,8 +609,7 @@ MM3_Q_TARGET inline void superblock_vnni(const QuantActs& a, const uint8_t* cons
 #pragma GCC unroll 16
   for (int r = 0; r < NB; ++r) {
     if constexpr (PF > 0)
-      __builtin_prefetch(reinterpret_cast<const char*>(sc[r] + (I8 ? 16 : 32) * s) + kVnniScPfBytes, 0,
-                         PF == 2 ? 2 : 0);
+      __builtin_prefetch(reinterpret_cast<const char*>(sc[r] + (I8 ? 16 : 32) * s) + pfd / 2, 0, PF == 2 ? 2 : 0);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[r] + (I8 ? 16 : 32) * s)));
     __m512 mn = _mm512_setzero_ps();
     if constexpr (!I8) mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[r] + 32 * s + 16)));
@@ -624,7 +628,8 @@ MM3_Q_TARGET inline void superblock_vnni(const QuantActs& a, const uint8_t* cons
 
 // NB rows n..n+NB-1 over all superblocks.
 template <int M, bool I8, int NB, int PF>
-MM3_Q_TARGET inline void rows_vnni(const QuantActs& a, const QuantMatrix& w, int64_t n, const GemvOut& out) {
+MM3_Q_TARGET inline void rows_vnni(const QuantActs& a, const QuantMatrix& w, int64_t n, int64_t pfd,
+                                   const GemvOut& out) {
   const int64_t S = w.superblocks(), nblk = a.Kp / kQuantBlock;
   const uint8_t* qr[NB];
   const uint16_t* sc[NB];
@@ -633,7 +638,7 @@ MM3_Q_TARGET inline void rows_vnni(const QuantActs& a, const QuantMatrix& w, int
     qr[r] = w.qs_row(n + r), sc[r] = w.scales_row(n + r);
     for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
   }
-  for (int64_t s = 0; s < S; ++s) superblock_vnni<M, I8, NB, PF>(a, qr, sc, s, nblk, acc);
+  for (int64_t s = 0; s < S; ++s) superblock_vnni<M, I8, NB, PF>(a, qr, sc, s, nblk, pfd, acc);
   for (int r = 0; r < NB; ++r)
     for (int m = 0; m < M; ++m) out.put(m, n + r, lane_tree_v(acc[r][m]));
 }
@@ -656,9 +661,10 @@ MM3_Q_TARGET inline void rows_vnni(const QuantActs& a, const QuantMatrix& w, int
 template <int M, bool I8, int PF>
 MM3_Q_TARGET void gemv_vnni(const QuantActs& a, const QuantMatrix& w, int64_t n0, int64_t n1, const GemvOut& out) {
   int64_t n = n0;
+  const int64_t pfd = PF > 0 ? vnni_pf_bytes() : 0;
   if (M <= 2 && 2 * M * w.padded_cols() > cpu_l1d_bytes())
-    for (; n + 4 <= n1; n += 4) rows_vnni<M, I8, 4, PF>(a, w, n, out);
-  for (; n < n1; ++n) rows_vnni<M, I8, 1, PF>(a, w, n, out);
+    for (; n + 4 <= n1; n += 4) rows_vnni<M, I8, 4, PF>(a, w, n, pfd, out);
+  for (; n < n1; ++n) rows_vnni<M, I8, 1, PF>(a, w, n, pfd, out);
 }
 
 using GemvFn = void (*)(const QuantActs&, const QuantMatrix&, int64_t, int64_t, const GemvOut&);
@@ -688,16 +694,23 @@ GemvFn pick_vnni_pf(int64_t M) {
 // T1 ÷ none 0.78 (NTA against none was even: 0.96-1.04). The knob quant_prefetch
 // (MM3_QUANT_PREFETCH=0, 1 or 2; `mm3 bench --alternate quant_prefetch=0,1,2`) forces one form
 // for both types.
-int vnni_prefetch(bool i8) {
+// Zen 4's int8 with M >= 3 takes T1 (thirty-third session): the depth decoder's first step runs M = 4 (two
+// positions of two CFG rows), whose 4 x 4 KiB of activations share the L1D with the streamed codes, and
+// without prefetches that step took 2.0x an M = 2 step's time (perf, depth_frame_int8: 22% of the frame
+// for one of 7 steps); with T1 1.08x. A scratch copy of the body, [12288, 4096], M = 4, one core, cold
+// copies: none 11 GB/s, T1 4 / 8 / 16 KiB ahead 19.5 / 23 / 25 GB/s (M = 2: 22-25 either way). In the
+// model, `--alternate quant_prefetch=0,-1` (old choice, then this one), 60 runs: depth_frame_int8 0.937
+// (probe 33 GB/s) and 0.920 (probe 56); T1's distance 4 / 8 / 16 / 32 KiB: 1.00 / 1.03 / 1.02 / 1.02.
+int vnni_prefetch(bool i8, int64_t M) {
   static const bool zen4 = __builtin_cpu_is("amd") && __builtin_cpu_is("amdfam19h");
   const int forced = tuning::forced(tuning::Knob::QuantPrefetch);
   if (forced >= 0) return forced;
-  return zen4 ? (i8 ? 0 : 2) : 1;
+  return zen4 ? (i8 && M <= 2 ? 0 : 2) : 1;
 }
 
 template <bool I8>
 GemvFn pick_vnni(int64_t M) {
-  switch (vnni_prefetch(I8)) {
+  switch (vnni_prefetch(I8, M)) {
     case 0:
       return pick_vnni_pf<I8, 0>(M);
     case 2:
