@@ -81,8 +81,39 @@ inline int64_t quant_padded_k(int64_t K) { return (K + kQuantSuper - 1) / kQuant
 int64_t quant_row_qs_bytes(QuantType t, int64_t K);   // Kp (Int8) or Kp / 2 (Q4)
 int64_t quant_row_scales(QuantType t, int64_t K);     // fp16 entries per row: Kp / 32 or Kp / 16
 
+// ---- Strip form (a second copy for the AVX512-VNNI decode GEMV; with_strips below) ----------------
+// The row form gives each 64-byte vector 4 codes of each of 16 *blocks* of one row, so the GEMV loads
+// a 64-byte vector of x beside every vector of codes, per activation row m. The strip form regroups
+// the same bytes so that a vector holds 4 codes of each of 16 *rows* ("lane = row"): the GEMV then
+// broadcasts 4 bytes of x per vector and m (a load of x per 16 rows instead of per row), which on
+// Zen 4 is what held the q4 body's rate and the K = 12288 GEMVs' (docs/performance-history.md,
+// thirty-third session).
+// Strip j holds rows 16j..16j+15; rows past N are padding (codes of value 0: Int8 bytes 128, Q4 0;
+// d = m = 0). Its blocks go residue-major: block (l, s), i.e. block b = 16s + l of each of its 16 rows,
+// sits at codes byte ((16j + l) · S + s) · B, B = 512 (Int8) or 256 (Q4), and its byte 64g + 4r + i is
+// the byte the row form holds at 64g + 4l + i of row 16j + r's superblock s (a 16 x 16 transpose of
+// 4-byte words per 64-byte vector g). Its scales sit at entry ((16j + l) · S + s) · E: E = 16 (Int8: d of
+// rows r = 0..15) or 32 (Q4: d of the 16 rows, then m of the 16 rows).
+// The GEMV on this form runs, per strip and residue l, the blocks s = 0, 1, ... in order into one fp32
+// vector whose lane r is lane l of row 16j + r's accumulator in quant.h's decode product, then quant.h's
+// lane tree lane-wise over the 16 residues: the same operations, so the same bits as the row form.
+struct QuantStrips {
+  int64_t strips = 0, S = 0;  // ceil(N / 16) strips of S superblocks
+  int64_t block_bytes = 0;    // B
+  int64_t block_scales = 0;   // E
+  Tensor codes;               // I32 [strips · 16 · S · B / 4] (raw bytes)
+  Tensor scales;              // F16 [strips · 16 · S · E]
+  const uint8_t* block(int64_t j, int64_t l) const {
+    return static_cast<const uint8_t*>(codes.raw()) + ((16 * j + l) * S) * block_bytes;
+  }
+  const uint16_t* block_scales_at(int64_t j, int64_t l) const {
+    return static_cast<const uint16_t*>(scales.raw()) + ((16 * j + l) * S) * block_scales;
+  }
+  size_t bytes() const { return codes.nbytes() + scales.nbytes(); }
+};
+
 // An immutable quantized [N, K] weight in the layout above. Holds its two tensors (owned, or zero-copy
-// views of a sidecar file that they keep mapped).
+// views of a sidecar file that they keep mapped), and optionally the strip form (with_strips).
 class QuantMatrix {
  public:
   // Validates type, dims and the tensors' dtypes / shapes (InternalError on a mismatch; the sidecar
@@ -103,8 +134,12 @@ class QuantMatrix {
   size_t bytes() const { return qs_.nbytes() + sc_.nbytes(); }
   // The stored value of w[n, k] (0 for k >= K), exactly as the kernels use it.
   float value(int64_t n, int64_t k) const;
+  // The strip form, where with_strips built one (else null).
+  const QuantStrips* strips() const { return strips_.get(); }
 
  private:
+  friend std::shared_ptr<const QuantMatrix> with_strips(const ThreadPool& pool, const QuantMatrix& q);
+  std::shared_ptr<const QuantStrips> strips_;
   QuantType type_;
   int64_t n_, k_, kp_, row_qs_, row_sc_;
   Tensor qs_, sc_;
@@ -116,6 +151,12 @@ class QuantMatrix {
 // Q4). Deterministic (rows are independent), parallel over rows. Throws InvalidInput on a non-finite
 // weight.
 std::shared_ptr<const QuantMatrix> quantize_weight(const ThreadPool& pool, const Tensor& w, QuantType type);
+
+// Whether the strip form has a GEMV on this CPU (AVX512-VNNI).
+bool quant_strips_offered();
+// A QuantMatrix sharing q's tensors, with the strip form built beside them (parallel over strips).
+// The decode GEMV (M <= 4, AVX512-VNNI) then reads the strips; everything else reads the row form.
+std::shared_ptr<const QuantMatrix> with_strips(const ThreadPool& pool, const QuantMatrix& q);
 
 // out[(n − n0) · ldo + k] = q.value(n, k) for n in [n0, n1), k < K.
 void dequantize_rows(const QuantMatrix& q, int64_t n0, int64_t n1, float* out, int64_t ldo);
@@ -132,9 +173,17 @@ struct QuantActs {
   aligned_vector<float> dx;      // [M, Kp / 32]
   aligned_vector<int32_t> corr;  // [M, Kp / 32]
   aligned_vector<float> sxdx;    // [M, Kp / 32]
+  // The strip GEMV's order of the same values (order_acts_for_strips): word ((l · S + s) · 8 + g) · M + m
+  // of sxw = the 4 bytes of xq row m at 512s + 64g + 4l; entry (l · S + s) · M + m of sdx, scorr and
+  // ssxdx = dx, corr and sxdx of row m, block 16s + l.
+  aligned_vector<int32_t> sxw;
+  aligned_vector<float> sdx, ssxdx;
+  aligned_vector<int32_t> scorr;
 };
 // scalar: the portable loop even where AVX-512 is available (both give the same bytes).
 void quantize_acts(const float* x, int64_t M, int64_t ldx, int64_t K, QuantActs& a, bool scalar = false);
+// Fills a's strip-order arrays (sxw, sdx, scorr, ssxdx) from its row-order ones.
+void order_acts_for_strips(QuantActs& a);
 
 enum class QuantIsa { Auto, Scalar, Avx512Vnni, Avx2, AvxVnni };  // AvxVnni: AVX2 + VEX VPDPBUSD (256 bits)
 bool quant_isa_available(QuantIsa isa);

@@ -12,6 +12,7 @@
 #include "kernels/cpu/gemm_nt.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/kernels.h"
+#include "kernels/quant.h"
 #include "kernels/ref/ref_kernels.h"
 #include "kernels_util.h"
 
@@ -415,24 +416,29 @@ TEST(KernelsLinear, RejectsBadLeadingDims) {
 // groups (plain F32, plain BF16 with either store, int8, q4, int8 + q4) and for the mixes it hands
 // back to linear() one by one (plain + quantized, M > 4), on 1 and 2 threads, into one fused output
 // buffer (ldy > the total, gaps untouched). N = 37, 130, 9 with K = 517 (two quantized superblocks,
-// the second padded) put segment borders inside the pool's chunks. RED: passing a chunk's rows of the
+// the second padded) put segment borders inside the pool's chunks (and, for the strip form, strips
+// with padding rows at every weight's end). RED: passing a chunk's rows of the
 // concatenation to a weight without subtracting its start row (n0 instead of n0 - starts[i]) fails.
 TEST(KernelsLinear, MultiEqualsSeparateLinears) {
   ThreadPool p1(1), p2(2);
   Rng rng(91);
   const int64_t K = 517, Ns[3] = {37, 130, 9}, total = 37 + 130 + 9, ldy = total + 3;
   const bool biased[3] = {true, false, true};
-  enum Kind { F32, BF16, I8, Q4 };
+  enum Kind { F32, BF16, I8, Q4, I8S, Q4S };  // I8S / Q4S: with the strip form (kern::with_strips)
   auto make = [&](Kind kind, int64_t N, bool bias) {
     kern::LinearWeight w = make_weight(rng, N, K, kind == F32 ? DType::F32 : DType::BF16, bias, DType::F32);
-    if (kind == I8 || kind == Q4)
-      w = kern::LinearWeight(
-          kern::quantize_weight(p2, w.weight(), kind == I8 ? kern::QuantType::Int8 : kern::QuantType::Q4),
-          w.has_bias() ? w.bias() : Tensor());
+    if (kind != F32 && kind != BF16) {
+      auto q = kern::quantize_weight(p2, w.weight(),
+                                     kind == I8 || kind == I8S ? kern::QuantType::Int8 : kern::QuantType::Q4);
+      if (kind == I8S || kind == Q4S) q = kern::with_strips(p2, *q);
+      w = kern::LinearWeight(q, w.has_bias() ? w.bias() : Tensor());
+    }
     return w;
   };
-  const std::vector<std::vector<Kind>> groups = {{F32, F32, F32}, {BF16, BF16, BF16}, {I8, I8, I8},    {Q4, Q4, Q4},
-                                                 {I8, Q4, I8},    {BF16, I8, BF16},   {F32, BF16, F32}};
+  std::vector<std::vector<Kind>> groups = {{F32, F32, F32}, {BF16, BF16, BF16}, {I8, I8, I8},    {Q4, Q4, Q4},
+                                           {I8, Q4, I8},    {BF16, I8, BF16},   {F32, BF16, F32}};
+  // Strip-form weights (split by strips among the threads), and a mix that takes the row bodies.
+  if (kern::quant_strips_offered()) groups.insert(groups.end(), {{I8S, I8S, I8S}, {Q4S, I8S, Q4S}, {I8S, I8, Q4S}});
   for (const auto& kinds : groups)
     for (DType store : {DType::F32, DType::BF16})
       for (int64_t M : {1, 2, 3, 4, 6}) {

@@ -228,18 +228,79 @@ void check_gemv(const ThreadPool& pool, QuantType t, int64_t M, const Size& s, D
       EXPECT_EQ(test::count_non_bf16(y.data(), ldy, M, s.N), 0);
     }
   }
+  // The strip form (AVX512-VNNI): the same bits as the row form's paths.
+  std::shared_ptr<const QuantMatrix> qs;
+  if (M <= 4 && kern::quant_strips_offered()) {
+    qs = kern::with_strips(pool, *q);
+    outs.emplace_back(M, s.N, ldy);
+    isas.push_back(QuantIsa::Avx512Vnni);
+    kern::detail::quant_gemv(pool, x.data(), M, ldx, *qs, b, outs.back().data(), ldy, store, QuantIsa::Avx512Vnni);
+    EXPECT_EQ(outs.back().touched_outside(), 0) << "strip form";
+    EXPECT_EQ(outs.back().untouched_inside(), 0) << "strip form";
+  }
   if (M <= 4) {
     for (size_t i = 1; i < outs.size(); ++i) {
       EXPECT_EQ(bit_diffs(outs[0], outs[i], M, s.N), 0)
           << "the scalar path and isa " << int(isas[i])
-          << " (2 AVX512-VNNI, 3 AVX2, 4 AVX-VNNI) must give the same bits";
+          << " (2 AVX512-VNNI, 3 AVX2, 4 AVX-VNNI; the last AVX512-VNNI on the strip form) must give the same bits";
     }
   }
   // kern::linear with a quantized LinearWeight dispatches to these paths.
-  const kern::LinearWeight lw(q, with_bias ? Tensor::from_f32(bias, {s.N}) : Tensor());
+  const kern::LinearWeight lw(qs ? qs : q, with_bias ? Tensor::from_f32(bias, {s.N}) : Tensor());
   Guarded z(M, s.N, ldy);
   kern::linear(pool, x.data(), M, ldx, lw, z.data(), ldy, store);
   EXPECT_EQ(bit_diffs(z, outs.back(), M, s.N), 0) << "kern::linear dispatch";
+}
+
+// The strip form holds the row form's bytes where quant.h says: byte 64g + 4r + i of block (l, s) of
+// strip j is byte 64g + 4l + i of row 16j + r's superblock s, the scales likewise, and the rows past N
+// are codes of value 0 with d = m = 0. N = 37 (a strip of 5 real rows), K = 1037 (3 superblocks).
+// RED: a pack writing row r's words at 4l instead of 4r fails the bytes; one leaving the padding's
+// codes 0 for int8 (value −128, not 0) fails the padding.
+TEST(KernelsQuant, StripFormHoldsTheRowFormsBytes) {
+  if (!kern::quant_strips_offered()) GTEST_SKIP() << "no AVX512-VNNI on this CPU: the strip form has no GEMV here";
+  ThreadPool pool(2);
+  Rng rng(12);
+  const int64_t N = 37, K = 1037;
+  for (QuantType t : kTypes) {
+    SCOPED_TRACE(kern::quant_name(t));
+    auto q = kern::quantize_weight(pool, make_weight(rng, N, K, DType::F32), t);
+    auto qs = kern::with_strips(pool, *q);
+    const kern::QuantStrips* st = qs->strips();
+    ASSERT_NE(st, nullptr);
+    EXPECT_TRUE(same_bytes(*q, *qs)) << "the row form stays as it was";
+    const bool i8 = t == QuantType::Int8;
+    const int64_t S = q->superblocks(), B = i8 ? 512 : 256, E = i8 ? 16 : 32;
+    ASSERT_EQ(st->strips, 3);
+    ASSERT_EQ(st->S, S);
+    int64_t bad_bytes = 0, bad_scales = 0, bad_pad = 0;
+    for (int64_t j = 0; j < st->strips; ++j)
+      for (int64_t l = 0; l < 16; ++l)
+        for (int64_t s = 0; s < S; ++s)
+          for (int64_t r = 0; r < 16; ++r) {
+            const int64_t n = 16 * j + r;
+            const uint8_t* blk = st->block(j, l) + s * B;
+            const uint16_t* sc = st->block_scales_at(j, l) + s * E;
+            for (int64_t g = 0; g < B / 64; ++g)
+              for (int64_t i = 0; i < 4; ++i) {
+                const uint8_t got = blk[64 * g + 4 * r + i];
+                if (n < N)
+                  bad_bytes += got != q->qs_row(n)[s * B + 64 * g + 4 * l + i];
+                else
+                  bad_pad += got != (i8 ? 128 : 0);
+              }
+            for (int64_t e = 0; e < (i8 ? 1 : 2); ++e) {
+              const uint16_t got = sc[16 * e + r];
+              if (n < N)
+                bad_scales += got != q->scales_row(n)[E * s + 16 * e + l];
+              else
+                bad_pad += got != 0;
+            }
+          }
+    EXPECT_EQ(bad_bytes, 0);
+    EXPECT_EQ(bad_scales, 0);
+    EXPECT_EQ(bad_pad, 0);
+  }
 }
 
 TEST(KernelsQuant, GemvMatchesRefEveryIsa) {
