@@ -21,6 +21,7 @@
 #include "kernels/cpu/simd.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
+#include "model/quant_weights.h"
 #include "model/synth_checkpoint.h"
 
 namespace mm3::bench {
@@ -191,14 +192,19 @@ StageRun quant_gemv_stage(const BenchContext& ctx, int64_t M, int64_t N, int64_t
   const auto q0 = kern::quantize_weight(pool, w0, qt);
   const double wbytes = double(q0->bytes());
   const int copies = in_cache ? 1 : std::max(1, static_cast<int>(std::ceil(512.0 * (1 << 20) / wbytes)));
+  // Each copy holds the strip form beside the row form where the model would hold it (quant_strips_for;
+  // MM3_QUANT_STRIPS=3: at every K), so that `--alternate quant_strips=0,1` compares the two bodies in
+  // one process (the default runs the strips where they are).
+  const bool strips = quant_strips_for(K);
   auto ws = std::make_shared<std::vector<kern::LinearWeight>>();
-  ws->emplace_back(q0);
+  ws->emplace_back(strips ? kern::with_strips(pool, *q0) : q0);
   for (int c = 1; c < copies; ++c) {
     Tensor qs = Tensor::empty(q0->qs().dtype(), q0->qs().shape()),
            sc = Tensor::empty(q0->scales().dtype(), q0->scales().shape());
     std::memcpy(qs.raw(), q0->qs().raw(), q0->qs().nbytes());
     std::memcpy(sc.raw(), q0->scales().raw(), q0->scales().nbytes());
-    ws->emplace_back(std::make_shared<const kern::QuantMatrix>(qt, N, K, std::move(qs), std::move(sc)));
+    const kern::QuantMatrix qc(qt, N, K, std::move(qs), std::move(sc));
+    ws->emplace_back(strips ? kern::with_strips(pool, qc) : std::make_shared<const kern::QuantMatrix>(qc));
   }
   auto x = random_f32(pool, M * K, 1.f, 2);
   round_to_store(x->data(), x->size(), DType::BF16);
@@ -216,6 +222,7 @@ StageRun quant_gemv_stage(const BenchContext& ctx, int64_t M, int64_t N, int64_t
             {"K", K},
             {"quant", kern::quant_name(qt)},
             {"bytes_counts", "quantized weight (codes + scales)"},
+            {"strip_form", strips},
             {"weight_copies", copies}};
   return r;
 }

@@ -154,6 +154,12 @@ std::shared_ptr<const QuantMatrix> quantize_weight(const ThreadPool& pool, const
 
 // Whether the strip form has a GEMV on this CPU (AVX512-VNNI).
 bool quant_strips_offered();
+// Whether its GEMV beats the row form's at width K: where M = 2 rows of quantized activations fill more
+// than half the L1D, so that the row bodies read them from L2 beside the streamed codes (the test that
+// picks gemv_vnni's 4-rows-side-by-side body). Zen 4, thirty-third session, in one process with the
+// forms alternating (40 runs, probe 57-58 GB/s): [4096, 12288] int8 32.7 -> 40.9 GB/s, q4 29.2 -> 40.0;
+// probe 36: int8 0.85x, q4 0.86x the time. At K = 4096 the strips lost: int8 47.3 -> 43.1 GB/s, q4 even.
+bool quant_strips_pay(int64_t K);
 // A QuantMatrix sharing q's tensors, with the strip form built beside them (parallel over strips).
 // The decode GEMV (M <= 4, AVX512-VNNI) then reads the strips; everything else reads the row form.
 std::shared_ptr<const QuantMatrix> with_strips(const ThreadPool& pool, const QuantMatrix& q);

@@ -38,6 +38,12 @@ const std::vector<KnobInfo>& knobs() {
        {2, 4, 8, 16, 32},
        "quantized decode GEMV (AVX512-VNNI): the prefetch distance on the codes in KiB (the scales' is half) "
        "where quant_prefetch issues prefetches (quant.cpp)"},
+      {Knob::QuantStrips,
+       "quant_strips",
+       "MM3_QUANT_STRIPS_GEMV",
+       {0, 1},
+       "quantized decode GEMV (AVX512-VNNI): 0 = the row form's bodies, 1 = the strip form's where a weight has "
+       "one (load with MM3_QUANT_STRIPS=2 or 3 to hold both forms; model/quant_weights.h)"},
   };
   return v;
 }
@@ -65,8 +71,8 @@ std::string accepted(const KnobInfo& i) {
 
 // One slot per knob, its first value from the environment (an unset or unrecognised value: -1).
 std::atomic<int>& slot(Knob k) {
-  static std::atomic<int> slots[5] = {-2, -2, -2, -2, -2};
-  static_assert(sizeof(slots) / sizeof(slots[0]) == 5, "one slot per Knob");
+  static std::atomic<int> slots[6] = {-2, -2, -2, -2, -2, -2};
+  static_assert(sizeof(slots) / sizeof(slots[0]) == 6, "one slot per Knob");
   std::atomic<int>& s = slots[static_cast<int>(k)];
   if (s.load(std::memory_order_relaxed) == -2) {
     const KnobInfo& i = info(k);

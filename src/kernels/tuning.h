@@ -21,6 +21,7 @@ enum class Knob {
   GemvPrefetch,   // "gemv_prefetch": the bf16 decode GEMV (AVX512-BF16), 0 = no software prefetch, 1 = with
   ResidualUnit,   // "residual_unit": the vocoder's fp32 residual units, 0 = two convolutions, 1 = one fused pass
   QuantPfKib,     // "quant_pf_kib": how far ahead (KiB) the quantized GEMV's prefetches run on the codes
+  QuantStrips,    // "quant_strips": 0 = the quantized GEMV's row bodies even where a weight has the strip form
 };
 
 struct KnobInfo {

@@ -132,21 +132,55 @@ Tensor resident_copy(const Tensor& w, const ThreadPool* pool) {
   return dst;
 }
 
+std::shared_ptr<const kern::QuantMatrix> with_strips(const kern::QuantMatrix& q, const ThreadPool* pool) {
+  if (pool) return kern::with_strips(*pool, q);
+  ThreadPool local(0);
+  return kern::with_strips(local, q);
+}
+
 // A sidecar's codes and scales, copied out of the file mapping into one huge-page allocation (as
 // quantize_weight allocates them) for the reason resident_copy gives. Mapped zero-copy, the sidecar's
 // 4 KiB pages made every quantized frame far slower than quantizing at load did (full size, Zen 5, the
 // same binary and hour: ar_frame_int8 0.287 s quantized at load, 0.639 s mapped; q4 0.264 / 0.390 s).
+// Where quant_strips_for(K), the strip form is built instead, and the row form stays a mapped view.
 std::shared_ptr<const kern::QuantMatrix> resident_quant(QuantType t, int64_t N, int64_t K, const Tensor& qs,
                                                         const Tensor& sc, const ThreadPool* pool) {
   if (weights_stay_mapped()) return std::make_shared<const kern::QuantMatrix>(t, N, K, qs, sc);
+  const bool strips = quant_strips_for(K);
+  if (strips && !quant_strips_keep_rows()) {
+    populate_mapped_pages(qs, pool);
+    populate_mapped_pages(sc, pool);
+    auto q = with_strips(kern::QuantMatrix(t, N, K, qs, sc), pool);
+    release_mapped_pages(qs);
+    release_mapped_pages(sc);
+    return q;
+  }
   std::vector<Tensor> g = Tensor::empty_group({{qs.dtype(), qs.shape()}, {sc.dtype(), sc.shape()}});
   copy_bytes(g[0].raw(), qs.raw(), qs.nbytes(), pool, qs.is_borrowed());
   copy_bytes(g[1].raw(), sc.raw(), sc.nbytes(), pool, sc.is_borrowed());
   release_mapped_pages(qs);
   release_mapped_pages(sc);
-  return std::make_shared<const kern::QuantMatrix>(t, N, K, std::move(g[0]), std::move(g[1]));
+  const kern::QuantMatrix rows(t, N, K, std::move(g[0]), std::move(g[1]));
+  if (strips) return with_strips(rows, pool);  // MM3_QUANT_STRIPS=2: both forms resident
+  return std::make_shared<const kern::QuantMatrix>(rows);
 }
 }  // namespace
+
+namespace {
+std::string quant_strips_env() {
+  const char* e = std::getenv("MM3_QUANT_STRIPS");
+  return e ? std::string(e) : std::string();
+}
+}  // namespace
+
+bool quant_strips_keep_rows() { return quant_strips_env() == "2"; }
+
+bool quant_strips_for(int64_t K) {
+  if (weights_stay_mapped() || !kern::quant_strips_offered()) return false;
+  const std::string e = quant_strips_env();
+  if (e == "0") return false;
+  return e == "3" || kern::quant_strips_pay(K);
+}
 
 // Whether a plain BF16 weight is held in the strip form (kern::bf16_strips): where the CPU offers its
 // GEMV, unless MM3_BF16_STRIPS=0 (the row-major copy, for comparison) or MM3_MMAP_WEIGHTS=1.

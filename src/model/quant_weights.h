@@ -80,6 +80,17 @@ kern::LinearWeight make_linear(const Tensor& w, const std::string& key, QuantTyp
 
 // Whether MM3_MMAP_WEIGHTS asks to keep weights as zero-copy views of the files (no resident copies).
 bool weights_stay_mapped();
+// Whether a sidecar's quantized weight of width K is held in the strip form (kern::with_strips): where
+// the CPU has its GEMV and it pays at K (kern::quant_strips_pay), unless MM3_QUANT_STRIPS=0 or
+// MM3_MMAP_WEIGHTS=1. MM3_QUANT_STRIPS=2 keeps a resident row copy beside the strips
+// (quant_strips_keep_rows), so that `mm3 bench --alternate quant_strips=0,1` compares the two GEMVs on
+// resident memory; MM3_QUANT_STRIPS=3 builds the strip form at every K (tests; the GEMV stages then hold
+// both forms at every K).
+// Otherwise the strip form is the resident copy and the row form stays a view of the sidecar (its pages
+// released: only the prefill's dequantizing and `mm3 quantize` read it, through the page cache).
+// Weights quantized at load keep the row form alone (both forms would double their memory).
+bool quant_strips_for(int64_t K);
+bool quant_strips_keep_rows();
 // Drops the pages of a file-mapped view from this process (they stay in the page cache, reclaimable;
 // the view still reads the file): for a weight whose copy is what gets used. No-op for an owned tensor.
 void release_mapped_pages(const Tensor& w);

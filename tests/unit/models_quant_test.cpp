@@ -157,6 +157,46 @@ TEST(ModelsQuant, SidecarRoundTripIsBitwiseAndResident) {
   }
 }
 
+// The strip form (kern::with_strips) at load: MM3_QUANT_STRIPS=3 gives every sidecar weight one (the
+// tiny model's widths are below where it pays by default, kern::quant_strips_pay, so the default, 2 and
+// 0 give none) with the row form left a view of the sidecar; each load's LM (prefill on the row form,
+// decode GEMVs on the strips) and depth frame are bitwise the outputs of quantizing at load.
+// RED: building the strips from a resident row copy (both forms resident: twice the memory) fails the
+// residency check.
+TEST(ModelsQuant, SidecarStripFormIsBitwiseTheRowForm) {
+  if (!kern::quant_strips_offered()) GTEST_SKIP() << "no AVX512-VNNI on this CPU: no strip form to load";
+  Stores s;
+  ThreadPool p2(2);
+  for (QuantType t : {QuantType::Int8, QuantType::Q4}) {
+    SCOPED_TRACE(kern::quant_name(t));
+    const Qwen3Lm a(*s.lm, s.lc, QuantLoad{t, &p2, nullptr});
+    const RvqDepth da(*s.depth, s.dc, QuantLoad{t, &p2, nullptr});
+    for (const auto& [key, w] : a.linears()) EXPECT_EQ(w->quant()->strips(), nullptr) << key << ": quantized at load";
+    const std::string dir = s.dir.sub(std::string("qs_") + kern::quant_name(t));
+    auto lf = std::make_shared<const SafetensorsFile>(write_sidecar(a, dir + "/language_model.safetensors", t));
+    auto df = std::make_shared<const SafetensorsFile>(write_sidecar(da, dir + "/rvq_depth_decoder.safetensors", t));
+    const auto oa = lm_outputs(a, p2), qa = depth_outputs(da, a, p2);
+    for (const char* mode : {"3", "2", "0", ""}) {
+      SCOPED_TRACE(std::string("MM3_QUANT_STRIPS=") + mode);
+      if (*mode) ::setenv("MM3_QUANT_STRIPS", mode, 1);
+      const Qwen3Lm b(*s.lm, s.lc, QuantLoad{t, &p2, lf});
+      const RvqDepth db(*s.depth, s.dc, QuantLoad{t, &p2, df});
+      ::unsetenv("MM3_QUANT_STRIPS");
+      for (const auto* m : {static_cast<const void*>(&b), static_cast<const void*>(&db)}) {
+        const auto linears = m == &b ? b.linears() : db.linears();
+        for (const auto& [key, w] : linears) {
+          const kern::QuantMatrix& q = *w->quant();
+          EXPECT_EQ(q.strips() != nullptr, std::string(mode) == "3") << key;
+          EXPECT_EQ(q.qs().is_borrowed(), std::string(mode) == "3") << key << ": the row form's residency";
+        }
+      }
+      const auto ob = lm_outputs(b, p2), qb = depth_outputs(db, b, p2);
+      EXPECT_EQ(std::memcmp(oa.data(), ob.data(), oa.size() * 4), 0) << "LM: sidecar != quantize-at-load";
+      EXPECT_EQ(std::memcmp(qa.data(), qb.data(), qa.size() * 4), 0) << "depth: sidecar != quantize-at-load";
+    }
+  }
+}
+
 TEST(ModelsQuant, SidecarDefectsAreBadModel) {
   Stores s;
   ThreadPool pool(1);

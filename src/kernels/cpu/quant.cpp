@@ -232,6 +232,8 @@ std::shared_ptr<const QuantMatrix> quantize_weight(const ThreadPool& pool, const
 
 bool quant_strips_offered() { return detail::cpu_has_avx512vnni(); }
 
+bool quant_strips_pay(int64_t K) { return 2 * 2 * quant_padded_k(K) > detail::cpu_l1d_bytes(); }
+
 std::shared_ptr<const QuantMatrix> with_strips(const ThreadPool& pool, const QuantMatrix& q) {
   auto out = std::make_shared<QuantMatrix>(q);
   auto st = std::make_shared<QuantStrips>();
@@ -1133,7 +1135,7 @@ void quant_gemv_multi(const ThreadPool& pool, const float* x, int64_t M, int64_t
   QuantActs& a = tl_acts;
   quantize_acts(x, M, ldx, K, a, isa == QuantIsa::Scalar);
   // The strip GEMV where every weight of the call has the strip form; the work is then split by strips.
-  bool strips = isa == QuantIsa::Avx512Vnni;
+  bool strips = isa == QuantIsa::Avx512Vnni && tuning::forced(tuning::Knob::QuantStrips) != 0;
   for (int i = 0; i < n; ++i) strips = strips && outs[i].w->strips();
   if (strips) {
     order_acts_for_strips(a);
