@@ -246,10 +246,14 @@ std::shared_ptr<const QuantMatrix> with_strips(const ThreadPool& pool, const Qua
   st->scales = std::move(g[1]);
   uint8_t* cb = static_cast<uint8_t*>(st->codes.raw());
   uint16_t* sb = static_cast<uint16_t*>(st->scales.raw());
+  const bool vec = detail::cpu_has_avx512();
   pool.parallel_for(
       J,
       [&](int64_t j0, int64_t j1) {
-        for (int64_t j = j0; j < j1; ++j)
+        for (int64_t j = j0; j < j1; ++j) {
+          // Codes: a strip of 16 real rows by 16 x 16 transposes of 4-byte words (vector v of superblock s:
+          // word l of row r -> word r of block (l, s)); a strip with padding rows word by word.
+          const bool whole = vec && 16 * j + 16 <= N;
           for (int64_t r = 0; r < 16; ++r) {
             const int64_t n = 16 * j + r;
             for (int64_t l = 0; l < 16; ++l)
@@ -262,12 +266,26 @@ std::shared_ptr<const QuantMatrix> with_strips(const ThreadPool& pool, const Qua
                   if (!i8) dsc[16] = 0;
                   continue;
                 }
-                const uint8_t* src = q.qs_row(n) + s * B + 4 * l;
-                for (int64_t v = 0; v < B / 64; ++v) std::memcpy(dst + 64 * v, src + 64 * v, 4);
+                if (!whole) {
+                  const uint8_t* src = q.qs_row(n) + s * B + 4 * l;
+                  for (int64_t v = 0; v < B / 64; ++v) std::memcpy(dst + 64 * v, src + 64 * v, 4);
+                }
                 dsc[0] = q.scales_row(n)[E * s + l];
                 if (!i8) dsc[16] = q.scales_row(n)[E * s + 16 + l];
               }
           }
+          if (!whole) continue;
+          for (int64_t s = 0; s < S; ++s)
+            for (int64_t v = 0; v < B / 64; ++v) {
+              const void* src[16];
+              void* dst[16];
+              for (int i = 0; i < 16; ++i) {
+                src[i] = q.qs_row(16 * j + i) + s * B + 64 * v;
+                dst[i] = cb + ((16 * j + i) * S + s) * B + 64 * v;
+              }
+              detail::transpose16x16_epi32(src, dst);
+            }
+        }
       },
       1);
   out->strips_ = std::move(st);
@@ -276,19 +294,41 @@ std::shared_ptr<const QuantMatrix> with_strips(const ThreadPool& pool, const Qua
 
 namespace {
 
-// One whole superblock s of row n (all 512 elements inside K) with AVX-512: the same fp32 operations
-// as the scalar loop in dequantize_rows (Int8: d · (q − 128); Q4: d · q, then + m), so the same bits.
-// Word (v, l) of the unpacked superblock holds elements 4v..4v+3 of block l; block l's 32 codes in
-// element order are the words (0, l), (1, l), ..., (7, l): one 8-word gather from the unpacked copy.
-__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,f16c"))) void dequantize_superblock_avx512(
-    const QuantMatrix& q, int64_t n, int64_t s, float* o) {
-  alignas(64) uint32_t u[128];  // [v][l]
-  const uint16_t* sc = q.scales_row(n);
+// The row form's bytes of superblock s of row n (B bytes: 512 Int8, 256 Q4) and its scales (16 d, then
+// for Q4 16 m), from the strip form where q has one (the model's row form is then a view of the sidecar
+// whose pages were released, so the prefill reads only the strips), else from the row form.
+void fetch_superblock(const QuantMatrix& q, int64_t n, int64_t s, uint8_t* b, uint16_t* sc) {
   const bool i8 = q.type() == QuantType::Int8;
+  const int64_t B = i8 ? kQuantSuper : kQuantSuper / 2, E = i8 ? 16 : 32;
+  if (const QuantStrips* st = q.strips()) {
+    const int64_t j = n / 16, r = n % 16;
+    for (int64_t l = 0; l < 16; ++l) {
+      const uint8_t* blk = st->block(j, l) + s * B + 4 * r;
+      for (int64_t v = 0; v < B / 64; ++v) std::memcpy(b + 64 * v + 4 * l, blk + 64 * v, 4);
+      const uint16_t* bs = st->block_scales_at(j, l) + s * E + r;
+      sc[l] = bs[0];
+      if (!i8) sc[16 + l] = bs[16];
+    }
+    return;
+  }
+  std::memcpy(b, q.qs_row(n) + s * B, size_t(B));
+  std::memcpy(sc, q.scales_row(n) + s * E, sizeof(uint16_t) * size_t(E));
+}
+
+// One whole superblock (all 512 elements inside K; its bytes and scales from fetch_superblock) with
+// AVX-512: the same fp32 operations as the scalar loop in dequantize_rows (Int8: d · (q − 128); Q4:
+// d · q, then + m), so the same bits. Word (v, l) of the unpacked superblock holds elements 4v..4v+3 of
+// block l; block l's 32 codes in element order are the words (0, l), (1, l), ..., (7, l): one 8-word
+// gather from the unpacked copy.
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,f16c"))) void dequantize_superblock_avx512(QuantType t,
+                                                                                                     const uint8_t* p,
+                                                                                                     const uint16_t* sc,
+                                                                                                     float* o) {
+  alignas(64) uint32_t u[128];  // [v][l]
+  const bool i8 = t == QuantType::Int8;
   if (i8) {
-    std::memcpy(u, q.qs_row(n) + s * kQuantSuper, kQuantSuper);
+    std::memcpy(u, p, kQuantSuper);
   } else {
-    const uint8_t* p = q.qs_row(n) + s * (kQuantSuper / 2);
     const __m512i lo4 = _mm512_set1_epi8(0x0F);
     for (int c = 0; c < 4; ++c) {
       const __m512i b = _mm512_loadu_si512(p + 64 * c);
@@ -300,8 +340,8 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,f16c"))) void dequanti
   const __m512i off = _mm512_set1_epi32(i8 ? 128 : 0);
   for (int l = 0; l < kQuantLanes; ++l) {
     const __m256i codes = _mm256_i32gather_epi32(reinterpret_cast<const int*>(u + l), idx, 4);
-    const __m512 d = _mm512_set1_ps(f16_bits_to_f32(sc[(i8 ? 16 : 32) * s + l]));
-    const __m512 m = _mm512_set1_ps(i8 ? 0.f : f16_bits_to_f32(sc[32 * s + 16 + l]));
+    const __m512 d = _mm512_set1_ps(f16_bits_to_f32(sc[l]));
+    const __m512 m = _mm512_set1_ps(i8 ? 0.f : f16_bits_to_f32(sc[16 + l]));
     for (int h = 0; h < 2; ++h) {
       const __m128i c16 = h ? _mm256_extracti128_si256(codes, 1) : _mm256_castsi256_si128(codes);
       const __m512 f = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(c16), off));
@@ -316,12 +356,14 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,f16c"))) void dequanti
 void dequantize_rows(const QuantMatrix& q, int64_t n0, int64_t n1, float* out, int64_t ldo) {
   const int64_t K = q.cols(), S = q.superblocks();
   const bool vec = detail::cpu_has_avx512();
+  alignas(64) uint8_t sb[kQuantSuper];
+  uint16_t sc[32];
   for (int64_t n = n0; n < n1; ++n) {
     float* o = out + (n - n0) * ldo;
-    const uint16_t* sc = q.scales_row(n);
     for (int64_t s = 0; s < S; ++s) {
+      fetch_superblock(q, n, s, sb, sc);
       if (vec && (s + 1) * kQuantSuper <= K) {  // a whole superblock (the partial last one: the loop below)
-        dequantize_superblock_avx512(q, n, s, o + s * kQuantSuper);
+        dequantize_superblock_avx512(q.type(), sb, sc, o + s * kQuantSuper);
         continue;
       }
       for (int64_t l = 0; l < kQuantLanes; ++l) {
@@ -329,12 +371,10 @@ void dequantize_rows(const QuantMatrix& q, int64_t n0, int64_t n1, float* out, i
         if (k0 >= K) break;
         const int64_t kn = std::min<int64_t>(kQuantBlock, K - k0);
         if (q.type() == QuantType::Int8) {
-          const uint8_t* sb = q.qs_row(n) + s * kQuantSuper;
-          const float d = f16_bits_to_f32(sc[16 * s + l]);
+          const float d = f16_bits_to_f32(sc[l]);
           for (int64_t e = 0; e < kn; ++e) o[k0 + e] = d * static_cast<float>(int(sb[lane_offset(l, e)]) - 128);
         } else {
-          const uint8_t* sb = q.qs_row(n) + s * (kQuantSuper / 2);
-          const float d = f16_bits_to_f32(sc[32 * s + l]), m = f16_bits_to_f32(sc[32 * s + 16 + l]);
+          const float d = f16_bits_to_f32(sc[l]), m = f16_bits_to_f32(sc[16 + l]);
           for (int64_t e = 0; e < kn; ++e) {
             const float dq = d * static_cast<float>(q4_code(sb, l, e));
             o[k0 + e] = dq + m;

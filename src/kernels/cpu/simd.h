@@ -37,6 +37,36 @@ const char* isa_name();
 // The L1 data cache of a core in bytes (sysconf; 32 KiB when the system does not say).
 int64_t cpu_l1d_bytes();
 
+// A 16 x 16 transpose of 4-byte words: dst[c] (64 bytes) receives word c of each of the 64-byte
+// src[i], word i coming from src[i]. Three rounds of shuffles: dwords of row pairs, qwords of row quads,
+// then 128-bit lanes (row quads x word groups). (The strip forms' packing at load: strips.cpp,
+// quant.cpp with_strips.)
+__attribute__((target("avx512f"))) inline void transpose16x16_epi32(const void* const* src, void* const* dst) {
+  __m512i r[16], t[16], u[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src[i]);
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  // u[4i + e], lane L: word 4L + e of rows 4i .. 4i + 3.
+  for (int i = 0; i < 4; ++i) {
+    u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int e = 0; e < 4; ++e) {
+    const __m512i s0 = _mm512_shuffle_i32x4(u[e], u[4 + e], _MM_SHUFFLE(2, 0, 2, 0));
+    const __m512i s1 = _mm512_shuffle_i32x4(u[e], u[4 + e], _MM_SHUFFLE(3, 1, 3, 1));
+    const __m512i s2 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], _MM_SHUFFLE(2, 0, 2, 0));
+    const __m512i s3 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], _MM_SHUFFLE(3, 1, 3, 1));
+    _mm512_storeu_si512(dst[e], _mm512_shuffle_i32x4(s0, s2, _MM_SHUFFLE(2, 0, 2, 0)));       // word e
+    _mm512_storeu_si512(dst[4 + e], _mm512_shuffle_i32x4(s1, s3, _MM_SHUFFLE(2, 0, 2, 0)));   // e + 4
+    _mm512_storeu_si512(dst[8 + e], _mm512_shuffle_i32x4(s0, s2, _MM_SHUFFLE(3, 1, 3, 1)));   // e + 8
+    _mm512_storeu_si512(dst[12 + e], _mm512_shuffle_i32x4(s1, s3, _MM_SHUFFLE(3, 1, 3, 1)));  // e + 12
+  }
+}
+
 #if defined(__AVX512F__)
 // 16 floats rounded to bf16 values (kept as floats), identical to round_bf16 lane by lane. (A VCVTNEPS2BF16
 // form, guarded against NaN and subnormal lanes, measured slower in silu_mul_bf16: 5.1 -> 5.6 us for

@@ -18,35 +18,13 @@ constexpr int64_t kPairElems = 2 * kStripRows;  // uint16 per pair of a strip (1
 
 namespace {
 
-// 16 rows x 16 pairs (one 64-byte load a row) transposed into the 16 pairs' halves: out[c] holds pair
-// p0 + c of the 16 rows, row i in dword i. Three rounds: dwords of row pairs, qwords of row quads, then
-// 128-bit lanes (row quads x element groups).
-__attribute__((target("avx512f"))) void transpose16_store(const uint16_t* const* rows, int64_t p0, uint16_t* dst,
-                                                          const int64_t* pos) {
-  __m512i r[16], t[16], u[16];
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(rows[i] + 2 * p0);
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  // u[4i + e], lane L: element 4L + e of rows 4i .. 4i + 3.
-  for (int i = 0; i < 4; ++i) {
-    u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-  }
-  for (int e = 0; e < 4; ++e) {
-    const __m512i s0 = _mm512_shuffle_i32x4(u[e], u[4 + e], _MM_SHUFFLE(2, 0, 2, 0));
-    const __m512i s1 = _mm512_shuffle_i32x4(u[e], u[4 + e], _MM_SHUFFLE(3, 1, 3, 1));
-    const __m512i s2 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], _MM_SHUFFLE(2, 0, 2, 0));
-    const __m512i s3 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], _MM_SHUFFLE(3, 1, 3, 1));
-    const __m512i o[4] = {_mm512_shuffle_i32x4(s0, s2, _MM_SHUFFLE(2, 0, 2, 0)),   // element e
-                          _mm512_shuffle_i32x4(s1, s3, _MM_SHUFFLE(2, 0, 2, 0)),   // e + 4
-                          _mm512_shuffle_i32x4(s0, s2, _MM_SHUFFLE(3, 1, 3, 1)),   // e + 8
-                          _mm512_shuffle_i32x4(s1, s3, _MM_SHUFFLE(3, 1, 3, 1))};  // e + 12
-    for (int L = 0; L < 4; ++L) _mm512_storeu_si512(dst + pos[p0 + 4 * L + e], o[L]);
-  }
+// 16 rows x 16 pairs (one 64-byte load a row) transposed into the 16 pairs' halves: pair p0 + c of the
+// 16 rows goes to dst + pos[p0 + c], row i in dword i.
+void transpose16_store(const uint16_t* const* rows, int64_t p0, uint16_t* dst, const int64_t* pos) {
+  const void* src[16];
+  void* out[16];
+  for (int i = 0; i < 16; ++i) src[i] = rows[i] + 2 * p0, out[i] = dst + pos[p0 + i];
+  transpose16x16_epi32(src, out);
 }
 
 }  // namespace
