@@ -630,15 +630,21 @@ MM3_Q_TARGET inline float lane_tree_v(__m512 acc) {
 // is fast enough that 1 KiB (~30 ns of a core's compute) no longer covers memory's latency. ar_frame in one
 // process, Zen 5, 15 runs per setting interleaved: q4 1024 / 2048 / 4096 / 6144 / 8192 bytes 238.7 / 217.9 /
 // 220.8 / 218.3 / 214.6 ms; int8 1024 / 4096 / 8192: 302.9 / 282.5 / 285.8 ms. The scales row (a separate
-// stream, 1/4 of the q4 bytes) gets its own prefetch kVnniScPfBytes ahead: q4 222.1 -> 209.7 ms (int8
-// 282.5 -> 279.3, within the noise).
+// stream, 1/4 of the q4 bytes) gets its own prefetch, half the codes' distance ahead (2 KiB then): q4
+// 222.1 -> 209.7 ms (int8 282.5 -> 279.3, within the noise).
 constexpr int64_t kVnniPfBytes = 4096;
 
 // The distance the bodies prefetch the codes at (the scales at half of it): kVnniPfBytes, or the knob
-// quant_pf_kib.
-int64_t vnni_pf_bytes() {
+// quant_pf_kib. Zen 4's q4 bodies prefetch twice as far (thirty-third session): `depth_frame_q4 --alternate
+// quant_pf_kib=4,8` (40 runs a set) read 0.879 with the probe at 58 GB/s (vs_floor 1.58 -> 1.39) and
+// 1.008-1.040 in five sets at probes 33-35; on one thread `gemv_q4_4096x12288_m2` 0.80 / 0.84. In the fast
+// memory state each core streams what one core streams alone, and there the farther prefetch keeps more
+// lines in flight; in the slow state memory itself is the bound. int8 (T1 only where M >= 3) stays at 4 KiB.
+int64_t vnni_pf_bytes(bool i8) {
+  static const bool zen4 = __builtin_cpu_is("amd") && __builtin_cpu_is("amdfam19h");
   const int forced = tuning::forced(tuning::Knob::QuantPfKib);
-  return forced > 0 ? int64_t(forced) * 1024 : kVnniPfBytes;
+  if (forced > 0) return int64_t(forced) * 1024;
+  return zen4 && !i8 ? 2 * kVnniPfBytes : kVnniPfBytes;
 }
 
 // Superblock s of NB rows (n-th pointers in qr / sc), M activation rows. Each (row, m) integer sum runs
@@ -766,7 +772,7 @@ MM3_Q_TARGET inline void rows_vnni(const QuantActs& a, const QuantMatrix& w, int
 template <int M, bool I8, int PF>
 MM3_Q_TARGET void gemv_vnni(const QuantActs& a, const QuantMatrix& w, int64_t n0, int64_t n1, const GemvOut& out) {
   int64_t n = n0;
-  const int64_t pfd = PF > 0 ? vnni_pf_bytes() : 0;
+  const int64_t pfd = PF > 0 ? vnni_pf_bytes(I8) : 0;
   if (M <= 2 && 2 * M * w.padded_cols() > cpu_l1d_bytes())
     for (; n + 4 <= n1; n += 4) rows_vnni<M, I8, 4, PF>(a, w, n, pfd, out);
   for (; n < n1; ++n) rows_vnni<M, I8, 1, PF>(a, w, n, pfd, out);
@@ -783,7 +789,7 @@ template <int M, bool I8, int PF>
 MM3_Q_TARGET void strips_vnni(const QuantActs& a, const QuantMatrix& w, int64_t j0, int64_t j1, const GemvOut& out) {
   const QuantStrips& st = *w.strips();
   const int64_t S = st.S, N = w.rows(), E = st.block_scales;
-  const int64_t pfd = PF > 0 ? vnni_pf_bytes() : 0;
+  const int64_t pfd = PF > 0 ? vnni_pf_bytes(I8) : 0;
   constexpr int C = M == 1 ? 4 : 2;
   const __m512i lo4 = _mm512_set1_epi8(0x0F);
   alignas(64) float part[M][16][16];
