@@ -161,7 +161,8 @@ bool quant_strips_offered();
 // probe 36: int8 0.85x, q4 0.86x the time. At K = 4096 the strips lost: int8 47.3 -> 43.1 GB/s, q4 even.
 bool quant_strips_pay(int64_t K);
 // A QuantMatrix sharing q's tensors, with the strip form built beside them (parallel over strips).
-// The decode GEMV (M <= 4, AVX512-VNNI) then reads the strips; everything else reads the row form.
+// The decode GEMV (M <= 4, AVX512-VNNI) and dequantize_rows (the prefill) then read the strips; the
+// other GEMV paths (forced scalar / AVX2), value() and the sidecar writer read the row form.
 std::shared_ptr<const QuantMatrix> with_strips(const ThreadPool& pool, const QuantMatrix& q);
 
 // out[(n − n0) · ldo + k] = q.value(n, k) for n in [n0, n1), k < K.

@@ -43,7 +43,8 @@ const std::vector<KnobInfo>& knobs() {
        "MM3_QUANT_STRIPS_GEMV",
        {0, 1},
        "quantized decode GEMV (AVX512-VNNI): 0 = the row form's bodies, 1 = the strip form's where a weight has "
-       "one (load with MM3_QUANT_STRIPS=2 or 3 to hold both forms; model/quant_weights.h)"},
+       "one (the model holds both forms with MM3_QUANT_STRIPS=2, the GEMV stages where the model has strips, "
+       "or at every K with 3; model/quant_weights.h)"},
   };
   return v;
 }
