@@ -45,6 +45,12 @@ const std::vector<KnobInfo>& knobs() {
        "quantized decode GEMV (AVX512-VNNI): 0 = the row form's bodies, 1 = the strip form's where a weight has "
        "one (the model holds both forms with MM3_QUANT_STRIPS=2, the GEMV stages where the model has strips, "
        "or at every K with 3; model/quant_weights.h)"},
+      {Knob::WinoTaskKib,
+       "wino_task_kib",
+       "MM3_WINO_TASK_KIB",
+       {128, 256, 512, 1024, 2048, 4096},
+       "vocoder fp32 7-tap convs (Winograd F(6,7)): about this many KiB of a task's H rows (the task's tiles "
+       "follow; the same bits at every size; conv_winograd.cpp task_tiles)"},
   };
   return v;
 }
@@ -72,8 +78,8 @@ std::string accepted(const KnobInfo& i) {
 
 // One slot per knob, its first value from the environment (an unset or unrecognised value: -1).
 std::atomic<int>& slot(Knob k) {
-  static std::atomic<int> slots[6] = {-2, -2, -2, -2, -2, -2};
-  static_assert(sizeof(slots) / sizeof(slots[0]) == 6, "one slot per Knob");
+  static std::atomic<int> slots[7] = {-2, -2, -2, -2, -2, -2, -2};
+  static_assert(sizeof(slots) / sizeof(slots[0]) == 7, "one slot per Knob");
   std::atomic<int>& s = slots[static_cast<int>(k)];
   if (s.load(std::memory_order_relaxed) == -2) {
     const KnobInfo& i = info(k);

@@ -22,6 +22,7 @@ enum class Knob {
   ResidualUnit,   // "residual_unit": the vocoder's fp32 residual units, 0 = two convolutions, 1 = one fused pass
   QuantPfKib,     // "quant_pf_kib": how far ahead (KiB) the quantized GEMV's prefetches run on the codes
   QuantStrips,    // "quant_strips": 0 = the quantized GEMV's row bodies even where a weight has the strip form
+  WinoTaskKib,    // "wino_task_kib": the fp32 7-tap Winograd's KiB of H rows per task
 };
 
 struct KnobInfo {

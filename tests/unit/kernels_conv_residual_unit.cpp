@@ -5,6 +5,7 @@
 // of the 6-channel
 //   tile, dilations 1, 3, 9 (tasks of whole blocks: 64·d/gcd(64, d) tiles), with and without conv2's
 //   bias, 1, 2 and 3 threads; nothing written outside y;
+// * the same bits at every task size (knob wino_task_kib), fused or not;
 // * which weights and lengths it takes (conv_residual_unit_fuses), and that it refuses the rest.
 #include <gtest/gtest.h>
 
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "kernels/kernels.h"
+#include "kernels/tuning.h"
 #include "kernels_util.h"
 
 namespace mm3 {
@@ -71,6 +73,33 @@ TEST(KernelsConvResidualUnit, SameBitsAsTheTwoConvolutions) {
         EXPECT_EQ(test::count_bit_diffs(y.data(), c.L, want.data(), c.C, c.L), 0);
       }
     }
+}
+
+// The Winograd conv's task size (knob wino_task_kib: where a task's tiles start and end, so where its H
+// rows, its strips and the fused unit's buffer begin) changes no bit, fused or not. RED: a task that
+// starts inside the layer reading its first input as zero (an off-by-one at task edges) fails here.
+TEST(KernelsConvResidualUnit, TaskSizeChangesNoBit) {
+  using kern::tuning::Knob;
+  ThreadPool pool(2);
+  Rng rng(73);
+  for (const UCase& c : {UCase{20, 18001, 3}, UCase{96, 60001, 9}, UCase{13, 6100, 1}}) {
+    SCOPED_TRACE(describe(c));
+    const Unit u = make_unit(rng, c, true);
+    const std::vector<float> x = rng.vec(size_t(c.C * c.L), -2, 2);
+    const int before = kern::tuning::forced(Knob::WinoTaskKib);
+    kern::tuning::force(Knob::WinoTaskKib, -1);
+    const std::vector<float> want = separate(pool, u, x, c.L);
+    for (int kib : {128, 4096, -1}) {
+      SCOPED_TRACE(fmt::format("wino_task_kib={}", kib));
+      kern::tuning::force(Knob::WinoTaskKib, kib);
+      EXPECT_EQ(test::count_bit_diffs(separate(pool, u, x, c.L).data(), c.L, want.data(), c.C, c.L), 0) << "unfused";
+      ASSERT_TRUE(kern::conv_residual_unit_fuses(pool, u.conv1, u.conv2, c.L)) << "the case should fuse";
+      std::vector<float> y(x.size());
+      kern::conv_residual_unit(pool, u.conv1, u.alpha1.data(), u.conv2, u.alpha2.data(), x.data(), c.L, y.data());
+      EXPECT_EQ(test::count_bit_diffs(y.data(), c.L, want.data(), c.C, c.L), 0) << "fused";
+    }
+    kern::tuning::force(Knob::WinoTaskKib, before);
+  }
 }
 
 // It takes a Winograd conv1 and a one-tap conv2 over the same channels, at lengths with at least four

@@ -64,7 +64,7 @@ constexpr int kPts = kM + kTaps - 1;              // points (products per tile)
 static_assert(kPts == kWinogradPoints, "kernels.h states the point count");
 constexpr int64_t kStrip = 64;                    // tiles per strip: the direct kernel's tile width
 constexpr int64_t kChunk = 64;                    // input channels per FMA chain of a product (see Numerics)
-constexpr int64_t kTaskBytes = int64_t(2) << 20;  // a task's H rows
+constexpr int64_t kTaskBytes = int64_t(512) << 10;  // a task's H rows (knob wino_task_kib; task_tiles)
 
 // F(6,7) from Toom-Cook at the points 0, 1, −1, 3/2, −3/2, 2/3, −2/3, 3, −3, 1/3, −1/3 and ∞ (rows p in
 // that order). Each BT row (the Lagrange basis polynomial of its point, ∞: the product of (z − a) over
@@ -357,9 +357,16 @@ struct WinoForm {
 // Tiles per task: a whole number of 64-tile strips (only a layer's last task ends in a partial strip,
 // which the products run at the tiles' generic path and pay for all 64 columns), the task's H rows
 // (6·Cin floats per tile) about kTaskBytes, and at least 4 tasks per thread where the layer is long
-// enough (balance on a shared host).
+// enough (balance on a shared host). The size changes no bit (a tile's sums do not depend on its task).
+// kTaskBytes was 2 MiB until the thirty-fourth session: with the fused unit's buffer beside them, a
+// task's rows (~4 MB at 2 MiB) did not fit a 1 MiB L2. Zen 4, vocoder_L689, two threads, `--alternate
+// wino_task_kib` (12-24 runs a set), time ÷ 2 MiB's: 512 KiB 0.979 / 0.962 / 0.977, 1024 KiB 0.973,
+// 256 KiB 0.975, 128 KiB ~0.96 (within the noise of 512). The transposed convs' tasks (conv_winograd_t)
+// at 512 KiB instead of 2 MiB: 0.991, so they stay.
 int64_t task_tiles(int64_t Cin, int64_t ntiles, int workers) {
-  const int64_t by_size = std::clamp<int64_t>(kTaskBytes / (4 * kM * Cin), kStrip, 4096);
+  const int kib = tuning::forced(tuning::Knob::WinoTaskKib);
+  const int64_t tb = kib > 0 ? int64_t(kib) * 1024 : kTaskBytes;
+  const int64_t by_size = std::clamp<int64_t>(tb / (4 * kM * Cin), kStrip, 4096);
   const int64_t by_balance = (ntiles + 4 * workers - 1) / (4 * workers);
   const int64_t t = std::min(by_size, std::max(by_balance, kStrip));
   return std::max<int64_t>(1, (t + kStrip / 2) / kStrip) * kStrip;  // nearest whole strips
