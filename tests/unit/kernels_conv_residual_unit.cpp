@@ -93,7 +93,9 @@ TEST(KernelsConvResidualUnit, TaskSizeChangesNoBit) {
       SCOPED_TRACE(fmt::format("wino_task_kib={}", kib));
       kern::tuning::force(Knob::WinoTaskKib, kib);
       EXPECT_EQ(test::count_bit_diffs(separate(pool, u, x, c.L).data(), c.L, want.data(), c.C, c.L), 0) << "unfused";
-      ASSERT_TRUE(kern::conv_residual_unit_fuses(pool, u.conv1, u.conv2, c.L)) << "the case should fuse";
+      const bool fuses = kern::conv_residual_unit_fuses(pool, u.conv1, u.conv2, c.L);
+      EXPECT_TRUE(fuses) << "the case should fuse";
+      if (!fuses) continue;  // (not an ASSERT: the knob is restored below)
       std::vector<float> y(x.size());
       kern::conv_residual_unit(pool, u.conv1, u.alpha1.data(), u.conv2, u.alpha2.data(), x.data(), c.L, y.data());
       EXPECT_EQ(test::count_bit_diffs(y.data(), c.L, want.data(), c.C, c.L), 0) << "fused";
