@@ -25,7 +25,8 @@ const std::vector<KnobInfo>& knobs() {
        "gemv_prefetch",
        "MM3_GEMV_PREFETCH",
        {0, 1},
-       "bf16 decode GEMV (AVX512-BF16): 0 = no software prefetch, 1 = PREFETCHT1 ahead of each row (linear.cpp)"},
+       "bf16 decode GEMV (AVX512-BF16, and the AVX2 body of bf16 weights): 0 = no software prefetch, 1 = "
+       "PREFETCHT1 ahead of each row (2 KiB on AVX2; unforced there: PREFETCHNTA 1 KiB ahead) (linear.cpp)"},
       {Knob::ResidualUnit,
        "residual_unit",
        "MM3_RESIDUAL_UNIT",
@@ -51,6 +52,18 @@ const std::vector<KnobInfo>& knobs() {
        {128, 256, 512, 1024, 2048, 4096},
        "vocoder fp32 7-tap convs (Winograd F(6,7)): about this many KiB of a task's H rows (the task's tiles "
        "follow; the same bits at every size; conv_winograd.cpp task_tiles)"},
+      {Knob::Avx2GemvRows,
+       "avx2_gemv_rows",
+       "MM3_AVX2_GEMV_ROWS",
+       {1, 2, 3, 4, 6, 8},
+       "decode GEMV on AVX2 (no AVX-512): weight rows side by side, capped at what the 16 registers hold for "
+       "M rows of x (linear.cpp gemv_avx2_rows)"},
+      {Knob::Avx2GemvXb,
+       "avx2_gemv_xb",
+       "MM3_AVX2_GEMV_XB",
+       {0, 1},
+       "decode GEMV on AVX2 of bf16 weights in a bf16 computation: 0 = x read as fp32, 1 = from its exact bf16 "
+       "copy (linear.cpp)"},
   };
   return v;
 }
@@ -78,8 +91,8 @@ std::string accepted(const KnobInfo& i) {
 
 // One slot per knob, its first value from the environment (an unset or unrecognised value: -1).
 std::atomic<int>& slot(Knob k) {
-  static std::atomic<int> slots[7] = {-2, -2, -2, -2, -2, -2, -2};
-  static_assert(sizeof(slots) / sizeof(slots[0]) == 7, "one slot per Knob");
+  static std::atomic<int> slots[9] = {-2, -2, -2, -2, -2, -2, -2, -2, -2};
+  static_assert(sizeof(slots) / sizeof(slots[0]) == 9, "one slot per Knob");
   std::atomic<int>& s = slots[static_cast<int>(k)];
   if (s.load(std::memory_order_relaxed) == -2) {
     const KnobInfo& i = info(k);

@@ -18,11 +18,13 @@ namespace mm3::kern::tuning {
 enum class Knob {
   GemvRows,       // "gemv_rows": the bf16 decode GEMV, 1 = rows one after another, 4 / 8 / 12 side by side
   QuantPrefetch,  // "quant_prefetch": the quantized GEMV's VNNI bodies' prefetches, 0 none, 1 NTA, 2 T1
-  GemvPrefetch,   // "gemv_prefetch": the bf16 decode GEMV (AVX512-BF16), 0 = no software prefetch, 1 = with
+  GemvPrefetch,   // "gemv_prefetch": the bf16 decode GEMV (AVX512-BF16 / AVX2), 0 = no software prefetch, 1 = T1
   ResidualUnit,   // "residual_unit": the vocoder's fp32 residual units, 0 = two convolutions, 1 = one fused pass
   QuantPfKib,     // "quant_pf_kib": how far ahead (KiB) the quantized GEMV's prefetches run on the codes
   QuantStrips,    // "quant_strips": 0 = the quantized GEMV's row bodies even where a weight has the strip form
   WinoTaskKib,    // "wino_task_kib": the fp32 7-tap Winograd's KiB of H rows per task
+  Avx2GemvRows,   // "avx2_gemv_rows": the AVX2 decode GEMV's weight rows side by side (1 = one at a time)
+  Avx2GemvXb,     // "avx2_gemv_xb": the AVX2 decode GEMV of bf16 weights, 0 = fp32 x, 1 = a bf16 copy of x
 };
 
 struct KnobInfo {

@@ -14,6 +14,7 @@
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
 #include "kernels/ref/ref_kernels.h"
+#include "kernels/tuning.h"
 #include "kernels_util.h"
 
 namespace mm3 {
@@ -245,6 +246,89 @@ TEST(KernelsLinear, Bf16GemvRowsSideBySideSameBitsAsAlone) {
         }
       }
     }
+}
+
+// The AVX2 decode GEMV (CPUs without AVX-512; ctest's kernels_baseline_isa_avx2 runs it on any
+// machine): one output in the order linear.cpp (gemv_rows_avx2) states, computed here value by value.
+// 8 lanes; per whole 16 k: F32 weights, lane j of chain 0 takes k + j and of chain 1 k + 8 + j; BF16
+// weights, lane j of the one chain takes k + 2j, then k + 2j + 1. Then the lanes reduced (chain 1 added
+// first), j + 4, then + 2, then + 1, and the K % 16 tail (one FMA chain from 0) added last.
+float avx2_gemv_order(const float* x, const float* w, int64_t K, bool bf16_weights) {
+  float c0[8] = {}, c1[8] = {};
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16)
+    for (int j = 0; j < 8; ++j) {
+      if (bf16_weights) {
+        c0[j] = std::fma(x[k + 2 * j], w[k + 2 * j], c0[j]);
+        c0[j] = std::fma(x[k + 2 * j + 1], w[k + 2 * j + 1], c0[j]);
+      } else {
+        c0[j] = std::fma(x[k + j], w[k + j], c0[j]);
+        c1[j] = std::fma(x[k + 8 + j], w[k + 8 + j], c1[j]);
+      }
+    }
+  float tail = 0.f;
+  for (; k < K; ++k) tail = std::fma(x[k], w[k], tail);
+  float s[8];
+  for (int j = 0; j < 8; ++j) s[j] = bf16_weights ? c0[j] : c0[j] + c1[j];
+  float h[4];
+  for (int j = 0; j < 4; ++j) h[j] = s[j] + s[j + 4];
+  const float r = (h[0] + h[2]) + (h[1] + h[3]);
+  return r + tail;
+}
+
+// Every form of the AVX2 body (1-8 weight rows side by side, for bf16 weights x from its bf16 copy or
+// split, each prefetch) gives exactly that order's bits: every M, K below and above 16 and long ones,
+// F32 and BF16 weights and stores, one and two threads; and an x off the bf16 grid in a bf16
+// computation (a caller breaking the convention) is not rounded into the copy.
+// RED: the bf16 weights' odd half summed into a second chain (the F32 order), the 6-row body's tail of
+// row 5 taken from row 4's weights, and the bf16 copy taken without its exactness check each fail here.
+TEST(KernelsLinear, Avx2GemvEveryFormInItsStatedOrder) {
+  if (!kern::detail::cpu_has_avx2_fma() || kern::detail::cpu_has_avx512())
+    GTEST_SKIP() << "the decode GEMV dispatches to " << (kern::detail::cpu_has_avx512() ? "AVX-512" : "scalar")
+                 << " here, not AVX2 (ctest's kernels_baseline_isa_avx2 runs this under MM3_ISA=avx2)";
+  using kern::tuning::Knob;
+  const Knob knobs[] = {Knob::Avx2GemvRows, Knob::Avx2GemvXb, Knob::GemvPrefetch};
+  int before[3];
+  for (int i = 0; i < 3; ++i) before[i] = kern::tuning::forced(knobs[i]);
+  ThreadPool p1(1), p2(2);
+  Rng rng(555);
+  const int64_t N = 23;  // e.g. M = 2: 6, 6, 6, 4, then 1 (rows 6); 3 x 3 ... (rows 3)
+  for (int64_t M : {1, 2, 3, 4})
+    for (int64_t K : {int64_t(7), int64_t(16), int64_t(37), int64_t(517), int64_t(4133)})
+      for (DType wdt : {DType::F32, DType::BF16})
+        for (DType store : {DType::F32, DType::BF16})
+          for (bool bf16_x : {true, false}) {
+            if (store == DType::F32 && bf16_x) continue;  // an fp32 computation: arbitrary x
+            SCOPED_TRACE(::testing::Message() << "M=" << M << " K=" << K << " w=" << dtype_name(wdt)
+                                              << " store=" << test::store_name(store) << " bf16 x=" << bf16_x);
+            std::vector<float> x, wv;
+            cancelling_gemv_data(rng, M, N, K, x, wv);
+            if (!bf16_x)  // values off the bf16 grid
+              for (int64_t i = 0; i < M * K; i += 5) x[size_t(i)] *= 1.0f + 1.0f / 1024;
+            Tensor wt = Tensor::from_f32(wv, {N, K});
+            if (wdt == DType::BF16) wt = wt.to(DType::BF16);
+            const kern::LinearWeight w(wt);
+            std::vector<float> want(static_cast<size_t>(M * N));
+            for (int64_t m = 0; m < M; ++m)
+              for (int64_t n = 0; n < N; ++n)
+                want[size_t(m * N + n)] =
+                    round_store(avx2_gemv_order(x.data() + m * K, wv.data() + n * K, K, wdt == DType::BF16), store);
+            for (int rows : {1, 2, 3, 4, 6, 8})
+              for (int xb : {0, 1})
+                for (int pf : {-1, 0, 1})
+                  for (const ThreadPool* pool : {&p1, &p2}) {
+                    if (pf >= 0 && (rows != 6 || pool != &p2)) continue;  // the prefetch changes no value
+                    kern::tuning::force(Knob::Avx2GemvRows, rows);
+                    kern::tuning::force(Knob::Avx2GemvXb, xb);
+                    kern::tuning::force(Knob::GemvPrefetch, pf);
+                    std::vector<float> got(want.size(), -7.f);
+                    kern::linear(*pool, x.data(), M, K, w, got.data(), N, store);
+                    EXPECT_EQ(test::count_bit_diffs(got.data(), N, want.data(), M, N), 0)
+                        << "avx2_gemv_rows=" << rows << " avx2_gemv_xb=" << xb << " gemv_prefetch=" << pf << ", "
+                        << pool->size() << " thread(s)";
+                  }
+          }
+  for (int i = 0; i < 3; ++i) kern::tuning::force(knobs[i], before[i]);
 }
 
 // The GEMM path (M > 4) with fp32 products (F32 weights, or BF16 weights with an F32 store) keeps every

@@ -375,48 +375,157 @@ void gemv_avx512bf16(const uint16_t* xb, int64_t Kp, const uint16_t* w, int64_t 
 
 constexpr int64_t kGemvPfBytes = 1024;
 
-template <int M, bool WB>
-__attribute__((target("avx2,fma"))) void gemv_avx2(const float* x, int64_t ldx, const void* wp, int64_t K, int64_t n0,
-                                                  int64_t n1, float* sums, int64_t N) {
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint16_t* wb = static_cast<const uint16_t*>(wp) + n * K;
-    const float* wf = static_cast<const float*>(wp) + n * K;
-    __m256 a0[M], a1[M];
-    for (int m = 0; m < M; ++m) a0[m] = a1[m] = _mm256_setzero_ps();
-    auto load_w = [&](int64_t off) -> __m256 {
-      if constexpr (WB)
-        return _mm256_castsi256_ps(_mm256_slli_epi32(
-            _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + off))), 16));
-      else
-        return _mm256_loadu_ps(wf + off);
-    };
-    int64_t k = 0;
-    for (; k + 16 <= K; k += 16) {
-      // The rows are contiguous: fetch kGemvPfBytes ahead of the stream, into the next row near the
-      // end (a prefetch changes no value, and never faults).
-      __builtin_prefetch(reinterpret_cast<const char*>(WB ? static_cast<const void*>(wb + k) : wf + k) + kGemvPfBytes,
-                         0, 0);
-      if constexpr (!WB) __builtin_prefetch(reinterpret_cast<const char*>(wf + k) + kGemvPfBytes + 32, 0, 0);
-      __m256 w0 = load_w(k), w1 = load_w(k + 8);
-      for (int m = 0; m < M; ++m) {
-        a0[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * ldx + k), w0, a0[m]);
-        a1[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * ldx + k + 8), w1, a1[m]);
+// The AVX2 body. F32 weights: each (row, m) sums in two 8-lane chains, chain 0 over k % 16 < 8, chain
+// 1 over the rest, one FMA per 16 k each; then a scalar FMA chain over the K % 16 tail from 0; the two
+// chains added, reduced 128 + 128, then 64 + 64, 32 + 32, and the tail added last.
+// BF16 weights: one 8-lane chain per (row, m): per 16 k, lane j takes k + 2j, then k + 2j + 1 (a
+// 32-byte load holds 16 bf16 weights; the even ones are its 32-bit lanes shifted left by 16, the odd
+// ones the lanes with their low 16 bits cleared: one shift or one AND a weight vector, where widening 8
+// at a time took a VPMOVZXWD and a shift); the tail and the reduction as above. x must come in the
+// same order: from a bf16 copy (XB: the same split of a 32-byte load), else from a "split" fp32 copy
+// (x_split: per 16 k, the 8 even ones, then the 8 odd; the tail as it is). One chain per (row, m) is
+// what lets 6 rows sit side by side at M = 2 in the 16 ymm registers (12 accumulators, 2 x, 1 weight).
+// NB rows go side by side, each with exactly its sequence, so every NB gives the same bits; side by side
+// they share each load of x.
+// Thirty-fifth session (AVX2 is what a laptop without AVX-512 runs): the body until then took one row
+// at a time, the F32 weights' two chains, VPMOVZXWD widening and fp32 x. At M = 2, K = 4096 each 32-byte
+// step of a weight row read 2 x 64 bytes of fp32 x, which (32 KiB) does not stay in the L1D beside
+// the stream: the L1 fills of x that the AVX-512 body's rows side by side answer (thirty-second
+// session, gemv_bf16_rows). Measured: docs/performance-history.md, thirty-fifth session.
+template <int M, int NB, bool WB, bool XB, int PF>
+__attribute__((target("avx2,fma"))) inline void gemv_rows_avx2(const void* xp, int64_t ldx, const void* wp, int64_t K,
+                                                               int64_t n, float* sums, int64_t N) {
+  static_assert(WB || !XB, "a bf16 x goes with bf16 weights");
+  const __m256i hi16 = _mm256_set1_epi32(int32_t(0xFFFF0000u));
+  // Half h of the 16 values from k on, of a bf16 weight row or x: h = 0 the even ones, 1 the odd.
+  auto split16 = [&](const uint16_t* p, int h) -> __m256 {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm256_castsi256_ps(h == 0 ? _mm256_slli_epi32(v, 16) : _mm256_and_si256(v, hi16));
+  };
+  auto load_w = [&](int i, int64_t k, int h) -> __m256 {
+    if constexpr (WB)
+      return split16(static_cast<const uint16_t*>(wp) + (n + i) * K + k, h);
+    else
+      return _mm256_loadu_ps(static_cast<const float*>(wp) + (n + i) * K + k + 8 * h);
+  };
+  auto load_x = [&](int m, int64_t k, int h) -> __m256 {
+    if constexpr (XB)
+      return split16(static_cast<const uint16_t*>(xp) + m * ldx + k, h);
+    else
+      return _mm256_loadu_ps(static_cast<const float*>(xp) + m * ldx + k + 8 * h);
+  };
+  auto x_at = [&](int m, int64_t k) -> float {  // the tail's x: in place in every form
+    if constexpr (XB)
+      return bf16_bits_to_f32(static_cast<const uint16_t*>(xp)[m * ldx + k]);
+    else
+      return static_cast<const float*>(xp)[m * ldx + k];
+  };
+  auto w_at = [&](int i, int64_t k) -> float {
+    if constexpr (WB)
+      return bf16_bits_to_f32(static_cast<const uint16_t*>(wp)[(n + i) * K + k]);
+    else
+      return static_cast<const float*>(wp)[(n + i) * K + k];
+  };
+  constexpr int64_t wsize = WB ? 2 : 4;
+  constexpr int C = WB ? 1 : 2;  // chains per (row, m): half h of each 16 k goes to chain h % C
+  __m256 acc[C][NB][M];
+  for (int c = 0; c < C; ++c)
+    for (int i = 0; i < NB; ++i)
+      for (int m = 0; m < M; ++m) acc[c][i][m] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    // Each row is contiguous: fetch ahead of its stream (PF: see gemv_avx2_span), into the next row near
+    // its end (a prefetch changes no value, and never faults).
+    for (int i = 0; i < NB; ++i) {
+      const char* at = static_cast<const char*>(wp) + ((n + i) * K + k) * wsize + (PF == 2 ? 2048 : kGemvPfBytes);
+      if constexpr (PF == 1) __builtin_prefetch(at, 0, 0);
+      if constexpr (PF == 2) __builtin_prefetch(at, 0, 2);
+      if constexpr (!WB) __builtin_prefetch(at + 32, 0, 0);
+    }
+    for (int h = 0; h < 2; ++h) {
+      __m256 xv[M];
+      for (int m = 0; m < M; ++m) xv[m] = load_x(m, k, h);
+      for (int i = 0; i < NB; ++i) {
+        const __m256 w = load_w(i, k, h);
+        for (int m = 0; m < M; ++m) acc[h % C][i][m] = _mm256_fmadd_ps(xv[m], w, acc[h % C][i][m]);
       }
     }
-    float tail[M];
-    for (int m = 0; m < M; ++m) tail[m] = 0.f;
-    for (; k < K; ++k) {
-      float wv = WB ? bf16_bits_to_f32(wb[k]) : wf[k];
-      for (int m = 0; m < M; ++m) tail[m] = std::fma(x[m * ldx + k], wv, tail[m]);
-    }
+  }
+  for (int i = 0; i < NB; ++i)
     for (int m = 0; m < M; ++m) {
-      __m256 s = _mm256_add_ps(a0[m], a1[m]);
+      float tail = 0.f;
+      for (int64_t t = k; t < K; ++t) tail = std::fma(x_at(m, t), w_at(i, t), tail);
+      __m256 s = acc[0][i][m];
+      if constexpr (C == 2) s = _mm256_add_ps(s, acc[C - 1][i][m]);
       __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
       h = _mm_add_ps(h, _mm_movehl_ps(h, h));
       h = _mm_add_ss(h, _mm_movehdup_ps(h));
-      sums[m * N + n] = _mm_cvtss_f32(h) + tail[m];
+      sums[m * N + n + i] = _mm_cvtss_f32(h) + tail;
     }
+}
+
+// x_split for the AVX2 body of bf16 weights: per whole 16 k, x[k], x[k + 2], ..., x[k + 14], then x[k + 1],
+// ..., x[k + 15]; the last K % 16 as they are. Rows K apart.
+void x_split(const float* x, int64_t M, int64_t ldx, int64_t K, float* out) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = x + m * ldx;
+    float* o = out + m * K;
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16)
+      for (int j = 0; j < 8; ++j) {
+        o[k + j] = xr[k + 2 * j];
+        o[k + 8 + j] = xr[k + 2 * j + 1];
+      }
+    for (; k < K; ++k) o[k] = xr[k];
   }
+}
+
+// Rows side by side in the AVX2 body: as many as keep its accumulators (C·NB·M), M x vectors and a
+// weight vector within the 16 ymm registers: F32 weights (C = 2) M = 1: 4, 2: 3, 3: 2, 4: 1; BF16
+// weights (C = 1) M = 1: 8, 2: 6, 3: 4, 4: 2. The knob avx2_gemv_rows (MM3_AVX2_GEMV_ROWS) forces a
+// count (capped at that).
+constexpr int avx2_fit(int M, bool WB) {
+  return WB ? (M <= 1 ? 8 : M == 2 ? 6 : M == 3 ? 4 : 2) : (M <= 1 ? 4 : M == 2 ? 3 : M == 3 ? 2 : 1);
+}
+int gemv_avx2_rows(int M, bool WB) {
+  const int fit = avx2_fit(M, WB);
+  const int forced = tuning::forced(tuning::Knob::Avx2GemvRows);
+  return forced > 0 ? std::min(forced, fit) : fit;
+}
+
+// Rows [n, n1) in groups of the first NB of NBs that is at most `rows` and fits, then smaller ones.
+template <int M, bool WB, bool XB, int PF, int NB, int... NBs>
+__attribute__((target("avx2,fma"))) inline void avx2_groups(int rows, const void* x, int64_t ldx, const void* wp,
+                                                            int64_t K, int64_t& n, int64_t n1, float* sums, int64_t N) {
+  if constexpr (NB <= avx2_fit(M, WB))
+    if (rows >= NB)
+      for (; n + NB <= n1; n += NB) gemv_rows_avx2<M, NB, WB, XB, PF>(x, ldx, wp, K, n, sums, N);
+  if constexpr (sizeof...(NBs) > 0) avx2_groups<M, WB, XB, PF, NBs...>(rows, x, ldx, wp, K, n, n1, sums, N);
+}
+
+template <int M, bool WB, bool XB>
+__attribute__((target("avx2,fma"))) void gemv_avx2_span(const void* x, int64_t ldx, const void* wp, int64_t K,
+                                                        int64_t n0, int64_t n1, float* sums, int64_t N) {
+  int64_t n = n0;
+  // The weights' prefetch (PF): 1 PREFETCHNTA kGemvPfBytes ahead (bba0fab: on Zen 3 it gained 20-30%
+  // over none), unless the knob gemv_prefetch forces 0 (none) or 1 (PF 2: PREFETCHT1 2 KiB ahead, as the
+  // AVX-512 body takes on Zen 4). On Zen 4 capped to AVX2 (thirty-fifth session, `--alternate
+  // gemv_prefetch=-1,0,1`, ar_frame, 15 runs) none and T1 read 0.822 and 0.707 of NTA's time; but an
+  // AVX2-only CPU is not a Zen 4, whose own path is AVX-512, so the default stays what was measured on one.
+  const int f = tuning::forced(tuning::Knob::GemvPrefetch);
+  if (!WB || f < 0)
+    avx2_groups<M, WB, XB, 1, 8, 6, 4, 3, 2, 1>(gemv_avx2_rows(M, WB), x, ldx, wp, K, n, n1, sums, N);
+  else if (f == 0)
+    avx2_groups<M, WB, XB, 0, 8, 6, 4, 3, 2, 1>(gemv_avx2_rows(M, WB), x, ldx, wp, K, n, n1, sums, N);
+  else
+    avx2_groups<M, WB, XB, 2, 8, 6, 4, 3, 2, 1>(gemv_avx2_rows(M, WB), x, ldx, wp, K, n, n1, sums, N);
+}
+
+// F32 weights (bf16 weights take linear_gemv's prepared x: gemv_avx2_bf16).
+template <int M, bool WB>
+void gemv_avx2(const float* x, int64_t ldx, const void* wp, int64_t K, int64_t n0, int64_t n1, float* sums, int64_t N) {
+  static_assert(!WB, "bf16 weights need x split (x_split) or as bf16: gemv_avx2_bf16");
+  gemv_avx2_span<M, false, false>(x, ldx, wp, K, n0, n1, sums, N);
 }
 
 template <int M, bool WB>
@@ -437,10 +546,31 @@ template <bool WB>
 GemvFn pick_gemv(int M) {
   const bool a512 = cpu_has_avx512(), a2 = cpu_has_avx2_fma();
   switch (M) {
-    case 1: return a512 ? gemv_avx512<1, WB> : a2 ? gemv_avx2<1, WB> : gemv_scalar<1, WB>;
-    case 2: return a512 ? gemv_avx512<2, WB> : a2 ? gemv_avx2<2, WB> : gemv_scalar<2, WB>;
-    case 3: return a512 ? gemv_avx512<3, WB> : a2 ? gemv_avx2<3, WB> : gemv_scalar<3, WB>;
-    default: return a512 ? gemv_avx512<4, WB> : a2 ? gemv_avx2<4, WB> : gemv_scalar<4, WB>;
+    case 1:
+      return a512 ? gemv_avx512<1, WB> : a2 && !WB ? gemv_avx2<1, false> : gemv_scalar<1, WB>;
+    case 2:
+      return a512 ? gemv_avx512<2, WB> : a2 && !WB ? gemv_avx2<2, false> : gemv_scalar<2, WB>;
+    case 3:
+      return a512 ? gemv_avx512<3, WB> : a2 && !WB ? gemv_avx2<3, false> : gemv_scalar<3, WB>;
+    default:
+      return a512 ? gemv_avx512<4, WB> : a2 && !WB ? gemv_avx2<4, false> : gemv_scalar<4, WB>;
+  }
+}
+
+// The AVX2 body of bf16 weights, on x prepared by linear_gemv: as bf16 (XB) or split (x_split).
+bool gemv_avx2_bf16() { return !cpu_has_avx512() && cpu_has_avx2_fma(); }
+using GemvPreparedFn = void (*)(const void*, int64_t, const void*, int64_t, int64_t, int64_t, float*, int64_t);
+template <bool XB>
+GemvPreparedFn pick_gemv_avx2_bf16(int M) {
+  switch (M) {
+    case 1:
+      return gemv_avx2_span<1, true, XB>;
+    case 2:
+      return gemv_avx2_span<2, true, XB>;
+    case 3:
+      return gemv_avx2_span<3, true, XB>;
+    default:
+      return gemv_avx2_span<4, true, XB>;
   }
 }
 
@@ -505,8 +635,37 @@ void linear_gemv(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx,
         min_rows);
     return;
   }
+  // The AVX2 body of bf16 weights reads x from a bf16 copy where that copy is exact (a bf16 computation:
+  // x is bf16-valued by convention; checked, so a caller that breaks it still gets the fp32 x's sums)
+  // and the knob avx2_gemv_xb (MM3_AVX2_GEMV_XB=0) does not turn it off, else from x_split's copy.
+  // Both give the same values in the same lanes: the same bits.
+  aligned_vector<uint16_t> xb;
+  aligned_vector<float> xs;
+  GemvPreparedFn prepared = nullptr;
+  if (wb && gemv_avx2_bf16()) {
+    if (store == DType::BF16 && tuning::forced(tuning::Knob::Avx2GemvXb) != 0) {
+      xb.resize(static_cast<size_t>(M * K));
+      bool exact = true;
+      for (int64_t m = 0; m < M && exact; ++m) {
+        f32_to_bf16(x + m * ldx, xb.data() + m * K, static_cast<size_t>(K));
+        for (int64_t k = 0; k < K && exact; ++k) exact = bf16_bits_to_f32(xb[size_t(m * K + k)]) == x[m * ldx + k];
+      }
+      if (exact) prepared = pick_gemv_avx2_bf16<true>(static_cast<int>(M));
+    }
+    if (!prepared) {
+      xs.resize(static_cast<size_t>(M * K));
+      x_split(x, M, ldx, K, xs.data());
+      prepared = pick_gemv_avx2_bf16<false>(static_cast<int>(M));
+    }
+  }
+  const void* px = xs.empty() ? static_cast<const void*>(xb.data()) : xs.data();
   GemvFn fn = wb ? pick_gemv<true>(static_cast<int>(M)) : pick_gemv<false>(static_cast<int>(M));
-  auto rows = [&](const void* wp, int64_t n0, int64_t n1, float* s, int64_t N) { fn(x, ldx, wp, K, n0, n1, s, N); };
+  auto rows = [&](const void* wp, int64_t n0, int64_t n1, float* s, int64_t N) {
+    if (prepared)
+      prepared(px, K, wp, K, n0, n1, s, N);
+    else
+      fn(x, ldx, wp, K, n0, n1, s, N);
+  };
   pool.parallel_for(
       starts.back(),
       [&](int64_t b, int64_t e) {
