@@ -331,6 +331,91 @@ TEST(KernelsLinear, Avx2GemvEveryFormInItsStatedOrder) {
   for (int i = 0; i < 3; ++i) kern::tuning::force(knobs[i], before[i]);
 }
 
+// The AVX-512 body for bf16 weights where the CPU lacks AVX512-BF16 (gemv_rows_split512: Skylake-SP,
+// Cascade Lake, Ice Lake; ctest's kernels_linear_isa_avx512 runs this under MM3_ISA=avx512 on any
+// AVX-512 machine), in a bf16 computation with x on the bf16 grid: one output in the order linear.cpp
+// states, computed here value by value. 16 lanes; per whole 32 k lane j takes k + 2j, then k + 2j + 1;
+// the lanes reduced j + 8, then + 4, + 2, + 1; the K % 32 tail (one FMA chain from 0) added last.
+float split512_order(const float* x, const float* w, int64_t K) {
+  float c[16] = {};
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32)
+    for (int j = 0; j < 16; ++j) {
+      c[j] = std::fma(x[k + 2 * j], w[k + 2 * j], c[j]);
+      c[j] = std::fma(x[k + 2 * j + 1], w[k + 2 * j + 1], c[j]);
+    }
+  float tail = 0.f;
+  for (; k < K; ++k) tail = std::fma(x[k], w[k], tail);
+  float a[8], b[4];
+  for (int j = 0; j < 8; ++j) a[j] = c[j] + c[j + 8];
+  for (int j = 0; j < 4; ++j) b[j] = a[j] + a[j + 4];
+  return ((b[0] + b[2]) + (b[1] + b[3])) + tail;
+}
+
+// Every form (1-12 rows side by side through the knob gemv_rows, each prefetch choice, one and two
+// threads) gives exactly that order's bits, for M 1-4 and K below and above 32 and long; an x off the
+// bf16 grid takes gemv_avx512 instead (checked only to stay within the fp32 bound of the reference).
+// RED: the odd half summed before the even one, the 12-row body's tail of row 11 from row 10's weights,
+// and the copy taken without its exactness check each fail here.
+TEST(KernelsLinear, Split512GemvEveryFormInItsStatedOrder) {
+  if (!kern::detail::cpu_has_avx512() || kern::detail::cpu_has_avx512bf16())
+    GTEST_SKIP() << "bf16 decode GEMVs take " << (kern::detail::cpu_has_avx512() ? "AVX512-BF16" : "no AVX-512")
+                 << " here, not the AVX-512 fp32 body (ctest's kernels_linear_isa_avx512 runs this under "
+                    "MM3_ISA=avx512)";
+  using kern::tuning::Knob;
+  const int rows_before = kern::tuning::forced(Knob::GemvRows), pf_before = kern::tuning::forced(Knob::GemvPrefetch);
+  ThreadPool p1(1), p2(2);
+  Rng rng(556);
+  const int64_t N = 27;  // M <= 2: 12, 12, then 2 + 1 (rows 12); 8, 8, 8, 2, 1 (rows 8)
+  for (int64_t M : {1, 2, 3, 4})
+    for (int64_t K : {int64_t(7), int64_t(32), int64_t(45), int64_t(517), int64_t(4133)})
+      for (bool bf16_x : {true, false}) {
+        SCOPED_TRACE(::testing::Message() << "M=" << M << " K=" << K << " bf16 x=" << bf16_x);
+        std::vector<float> x, wv;
+        cancelling_gemv_data(rng, M, N, K, x, wv);
+        if (!bf16_x)
+          for (int64_t i = 0; i < M * K; i += 5) x[size_t(i)] *= 1.0f + 1.0f / 1024;
+        const kern::LinearWeight w(Tensor::from_f32(wv, {N, K}).to(DType::BF16));
+        // bf16 x: the stated order's bits. Off the grid: NOT the stated order on the rounded copy (what
+        // skipping the exactness check gives), and within the fp32 bound of the exact sum.
+        std::vector<float> xr(x.size());
+        for (size_t i = 0; i < x.size(); ++i) xr[i] = round_bf16(x[i]);
+        std::vector<float> want(static_cast<size_t>(M * N));
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = 0; n < N; ++n)
+            want[size_t(m * N + n)] = round_bf16(split512_order(xr.data() + m * K, wv.data() + n * K, K));
+        for (int rows : {1, 4, 8, 12})
+          for (int pf : {-1, 0, 1})
+            for (const ThreadPool* pool : {&p1, &p2}) {
+              if (pf >= 0 && (rows != 12 || pool != &p2)) continue;  // the prefetch changes no value
+              kern::tuning::force(Knob::GemvRows, rows);
+              kern::tuning::force(Knob::GemvPrefetch, pf);
+              std::vector<float> got(want.size(), -7.f);
+              kern::linear(*pool, x.data(), M, K, w, got.data(), N, DType::BF16);
+              const int64_t diffs = test::count_bit_diffs(got.data(), N, want.data(), M, N);
+              if (bf16_x) {
+                EXPECT_EQ(diffs, 0) << "gemv_rows=" << rows << " gemv_prefetch=" << pf << ", " << pool->size()
+                                    << " thread(s)";
+              } else {
+                EXPECT_GT(diffs, 0) << "an x off the bf16 grid went through its rounded copy";
+                for (int64_t m = 0; m < M; ++m)
+                  for (int64_t n = 0; n < N; ++n) {
+                    double exact = 0, mag = 0;
+                    for (int64_t k = 0; k < K; ++k) {
+                      exact += double(x[size_t(m * K + k)]) * wv[size_t(n * K + k)];
+                      mag += std::fabs(double(x[size_t(m * K + k)]) * wv[size_t(n * K + k)]);
+                    }
+                    const float g = got[size_t(m * N + n)];
+                    EXPECT_LE(std::fabs(g - exact), (K + 2) * 0.5 * test::kEps32 * mag + test::bf16_ulp(g))
+                        << "m " << m << " n " << n;
+                  }
+              }
+            }
+      }
+  kern::tuning::force(Knob::GemvRows, rows_before);
+  kern::tuning::force(Knob::GemvPrefetch, pf_before);
+}
+
 // The GEMM path (M > 4) with fp32 products (F32 weights, or BF16 weights with an F32 store) keeps every
 // output ONE sequential fp32 FMA chain over k = 0..K-1 (gemm_nt.h), whatever the ISA (AVX-512, AVX2,
 // portable), the blocking (K blocks of 256, 8-row x 32-column tiles, AVX2 sub-tiles of 4 x 16) or

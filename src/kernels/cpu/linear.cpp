@@ -373,6 +373,85 @@ void gemv_avx512bf16(const uint16_t* xb, int64_t Kp, const uint16_t* w, int64_t 
   (gemv_bf16_prefetch() ? spans_pf : spans)[K % 32 == 0 && at % 4 == 0 ? at / 4 : 0](xb, Kp, w, K, n0, n1, sums, N);
 }
 
+// The AVX-512 body for bf16 weights in a bf16 computation where the CPU has AVX-512 but not AVX512-BF16
+// (Skylake-SP, Cascade Lake, Ice Lake): the AVX2 body's scheme (below) on 64-byte loads. x from its
+// exact bf16 copy; one 16-lane chain per (row, m): per 32 k, lane j takes k + 2j (the 32-bit lanes of a
+// 64-byte load shifted left by 16), then k + 2j + 1 (the lanes with their low 16 bits cleared); the
+// K % 32 tail as one scalar FMA chain from 0; the chain reduced lane j + 8, then + 4, + 2, + 1 (in
+// gemv_split_sum's order), the tail added last. NB rows side by side (up to 12 at M <= 2: 24
+// accumulators), each with that sequence: every NB gives the same bits. Until the thirty-fifth session
+// these took gemv_avx512 (4 rows, two chains of fp32 x, VPMOVZXWD widening): ar_frame under MM3_ISA=avx512
+// on Zen 4 0.978 s at vs_floor 1.42 (probe 31 GB/s); measured after: docs/performance-history.md.
+inline float gemv_split_sum(const float (&l)[16]) {
+  float a[8], b[4];
+  for (int j = 0; j < 8; ++j) a[j] = l[j] + l[j + 8];
+  for (int j = 0; j < 4; ++j) b[j] = a[j] + a[j + 4];
+  return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+template <int M, int NB, bool PF>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) inline void gemv_rows_split512(
+    const uint16_t* xb, int64_t K, const uint16_t* w, int64_t n, float* sums, int64_t N) {
+  const __m512i hi16 = _mm512_set1_epi32(int32_t(0xFFFF0000u));
+  auto split32 = [&](const uint16_t* p, int h) -> __m512 {
+    const __m512i v = _mm512_loadu_si512(p);
+    return _mm512_castsi512_ps(h == 0 ? _mm512_slli_epi32(v, 16) : _mm512_and_si512(v, hi16));
+  };
+  __m512 acc[NB][M];
+  for (int i = 0; i < NB; ++i)
+    for (int m = 0; m < M; ++m) acc[i][m] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+    if constexpr (PF)
+      for (int i = 0; i < NB; ++i) __builtin_prefetch(w + (n + i) * K + k + kGemvBf16PfBytes / 2, 0, 2);
+    for (int h = 0; h < 2; ++h) {
+      __m512 xv[M];
+      for (int m = 0; m < M; ++m) xv[m] = split32(xb + m * K + k, h);
+      for (int i = 0; i < NB; ++i) {
+        const __m512 wv = split32(w + (n + i) * K + k, h);
+        for (int m = 0; m < M; ++m) acc[i][m] = _mm512_fmadd_ps(xv[m], wv, acc[i][m]);
+      }
+    }
+  }
+  for (int i = 0; i < NB; ++i)
+    for (int m = 0; m < M; ++m) {
+      float tail = 0.f;
+      for (int64_t t = k; t < K; ++t)
+        tail = std::fma(bf16_bits_to_f32(xb[m * K + t]), bf16_bits_to_f32(w[(n + i) * K + t]), tail);
+      float l[16];
+      _mm512_storeu_ps(l, acc[i][m]);
+      sums[m * N + n + i] = gemv_split_sum(l) + tail;
+    }
+}
+
+constexpr int split512_fit(int M) { return M <= 2 ? 12 : M == 3 ? 8 : 4; }
+
+template <int M, bool PF, int NB, int... NBs>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) inline void split512_groups(int rows, const uint16_t* xb,
+                                                                                          int64_t K, const uint16_t* w,
+                                                                                          int64_t& n, int64_t n1,
+                                                                                          float* sums, int64_t N) {
+  if constexpr (NB <= split512_fit(M))
+    if (rows >= NB)
+      for (; n + NB <= n1; n += NB) gemv_rows_split512<M, NB, PF>(xb, K, w, n, sums, N);
+  if constexpr (sizeof...(NBs) > 0) split512_groups<M, PF, NBs...>(rows, xb, K, w, n, n1, sums, N);
+}
+
+// Rows side by side: the most that fit, unless the knob gemv_rows forces a count (capped at that); the
+// prefetch as the AVX512-BF16 body's (gemv_bf16_prefetch).
+template <int M>
+void gemv_split512(const void* xb, int64_t, const void* w, int64_t K, int64_t n0, int64_t n1, float* sums, int64_t N) {
+  const int forced = tuning::forced(tuning::Knob::GemvRows);
+  const int rows = forced > 0 ? std::min(forced, split512_fit(M)) : split512_fit(M);
+  int64_t n = n0;
+  const auto* x16 = static_cast<const uint16_t*>(xb);
+  const auto* w16 = static_cast<const uint16_t*>(w);
+  if (gemv_bf16_prefetch())
+    split512_groups<M, true, 12, 8, 4, 2, 1>(rows, x16, K, w16, n, n1, sums, N);
+  else
+    split512_groups<M, false, 12, 8, 4, 2, 1>(rows, x16, K, w16, n, n1, sums, N);
+}
+
 constexpr int64_t kGemvPfBytes = 1024;
 
 // The AVX2 body. F32 weights: each (row, m) sums in two 8-lane chains, chain 0 over k % 16 < 8, chain
@@ -560,6 +639,18 @@ GemvFn pick_gemv(int M) {
 // The AVX2 body of bf16 weights, on x prepared by linear_gemv: as bf16 (XB) or split (x_split).
 bool gemv_avx2_bf16() { return !cpu_has_avx512() && cpu_has_avx2_fma(); }
 using GemvPreparedFn = void (*)(const void*, int64_t, const void*, int64_t, int64_t, int64_t, float*, int64_t);
+GemvPreparedFn pick_gemv_split512(int M) {
+  switch (M) {
+    case 1:
+      return gemv_split512<1>;
+    case 2:
+      return gemv_split512<2>;
+    case 3:
+      return gemv_split512<3>;
+    default:
+      return gemv_split512<4>;
+  }
+}
 template <bool XB>
 GemvPreparedFn pick_gemv_avx2_bf16(int M) {
   switch (M) {
@@ -635,23 +726,28 @@ void linear_gemv(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx,
         min_rows);
     return;
   }
-  // The AVX2 body of bf16 weights reads x from a bf16 copy where that copy is exact (a bf16 computation:
-  // x is bf16-valued by convention; checked, so a caller that breaks it still gets the fp32 x's sums)
-  // and the knob avx2_gemv_xb (MM3_AVX2_GEMV_XB=0) does not turn it off, else from x_split's copy.
-  // Both give the same values in the same lanes: the same bits.
+  // Bf16 weights where the CPU has no AVX512-BF16: a bf16 computation reads x from its bf16 copy where
+  // that copy is exact (x is bf16-valued by convention; checked, so a caller that breaks it still gets
+  // the fp32 x's sums). AVX-512: gemv_split512 on the copy, else gemv_avx512 on x. AVX2: the AVX2 body
+  // on the copy (unless the knob avx2_gemv_xb, MM3_AVX2_GEMV_XB=0, turns it off), else on x_split's
+  // copy (the same values in the same lanes: the same bits).
   aligned_vector<uint16_t> xb;
   aligned_vector<float> xs;
   GemvPreparedFn prepared = nullptr;
-  if (wb && gemv_avx2_bf16()) {
-    if (store == DType::BF16 && tuning::forced(tuning::Knob::Avx2GemvXb) != 0) {
-      xb.resize(static_cast<size_t>(M * K));
-      bool exact = true;
-      for (int64_t m = 0; m < M && exact; ++m) {
-        f32_to_bf16(x + m * ldx, xb.data() + m * K, static_cast<size_t>(K));
-        for (int64_t k = 0; k < K && exact; ++k) exact = bf16_bits_to_f32(xb[size_t(m * K + k)]) == x[m * ldx + k];
-      }
-      if (exact) prepared = pick_gemv_avx2_bf16<true>(static_cast<int>(M));
+  auto exact_bf16_copy = [&] {
+    xb.resize(static_cast<size_t>(M * K));
+    for (int64_t m = 0; m < M; ++m) {
+      f32_to_bf16(x + m * ldx, xb.data() + m * K, static_cast<size_t>(K));
+      for (int64_t k = 0; k < K; ++k)
+        if (bf16_bits_to_f32(xb[size_t(m * K + k)]) != x[m * ldx + k]) return false;
     }
+    return true;
+  };
+  if (wb && store == DType::BF16 && cpu_has_avx512() && !cpu_has_avx512bf16() && exact_bf16_copy())
+    prepared = pick_gemv_split512(static_cast<int>(M));
+  if (wb && gemv_avx2_bf16()) {
+    if (store == DType::BF16 && tuning::forced(tuning::Knob::Avx2GemvXb) != 0 && exact_bf16_copy())
+      prepared = pick_gemv_avx2_bf16<true>(static_cast<int>(M));
     if (!prepared) {
       xs.resize(static_cast<size_t>(M * K));
       x_split(x, M, ldx, K, xs.data());
