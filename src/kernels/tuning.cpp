@@ -14,7 +14,8 @@ const std::vector<KnobInfo>& knobs() {
        "gemv_rows",
        "MM3_GEMV_ROWS",
        {1, 4, 8, 12},
-       "bf16 decode GEMV: 1 = weight rows one after another, 4 / 8 / 12 = that many side by side (linear.cpp)"},
+       "bf16 decode GEMV: 1 = weight rows one after another, 4 / 8 / 12 = that many side by side (linear.cpp; "
+       "also the AVX-512 body without AVX512-BF16, capped at what its registers hold)"},
       {Knob::QuantPrefetch,
        "quant_prefetch",
        "MM3_QUANT_PREFETCH",
@@ -25,8 +26,8 @@ const std::vector<KnobInfo>& knobs() {
        "gemv_prefetch",
        "MM3_GEMV_PREFETCH",
        {0, 1},
-       "bf16 decode GEMV (AVX512-BF16, and the AVX2 body of bf16 weights): 0 = no software prefetch, 1 = "
-       "PREFETCHT1 ahead of each row (2 KiB on AVX2; unforced there: PREFETCHNTA 1 KiB ahead) (linear.cpp)"},
+       "bf16 decode GEMV (AVX512-BF16, AVX-512 without it, and the AVX2 body of bf16 weights): 0 = no software "
+       "prefetch, 1 = PREFETCHT1 2 KiB ahead of each row (unforced on AVX2: PREFETCHNTA 1 KiB ahead) (linear.cpp)"},
       {Knob::ResidualUnit,
        "residual_unit",
        "MM3_RESIDUAL_UNIT",
