@@ -137,15 +137,17 @@ LinearWeight gemm_strassen_f32(const LinearWeight& w, const ThreadPool& pool, bo
 // (cpu/gemm_i8.cpp states the scheme exactly; ref::linear_i8 is its scalar twin, bitwise equal). The
 // sums run in our own AVX512-VNNI GEMM, whose tiles apply that epilogue (and linear_glu's GLU) while
 // the sums are in registers, or, where the CPU has only AVX-VNNI (Intel's client cores), in oneDNN's
-// u8 x s8 GEMM followed by a pass over its int32 output. Measured on 2 Zen 5 cores at the DiT's shapes,
-// the integer GEMM runs 2.1x oneDNN's bf16 and 4x its fp32. Its error is the quantization's: ~1%
-// relative per product on Gaussian data, far above fp32's or bf16's, so it is never a default. `linear`
-// on it takes every M with either store; bitwise deterministic and independent of the thread count
-// (the sums are exact). Returns an empty LinearWeight (out_features() 0) where neither GEMM is exact on
-// this CPU (no AVX512-VNNI, and oneDNN's probe product finds no exact int8 GEMM: gemm_dnnl.cpp; or
-// MM3_ONEDNN=0 there); the caller then keeps a float form. MM3_ISA below avx512 leaves only oneDNN's;
-// MM3_I8_GEMM=onednn takes oneDNN's where both exist (for comparisons). Throws BadModel for a weight
-// with a non-finite value.
+// u8 x s8 GEMM followed by a pass over its int32 output, or, where the CPU has no VNNI at all (oneDNN's
+// sums there saturate), in our own AVX2 GEMM on 16-bit pairs (VPMADDWD; the weights held as int16)
+// followed by that pass. Measured on 2 Zen 5 cores at the DiT's shapes, the integer GEMM runs 2.1x
+// oneDNN's bf16 and 4x its fp32. Its error is the quantization's: ~1% relative per product on Gaussian
+// data, far above fp32's or bf16's, so it is never a default. `linear` on it takes every M with either
+// store; bitwise deterministic, independent of the thread count and the same bits from every GEMM (the
+// sums are exact). Returns an empty LinearWeight (out_features() 0) where none of them runs (no AVX2 and
+// FMA within MM3_ISA, and no exact oneDNN GEMM: gemm_dnnl.cpp's probe; MM3_ONEDNN=0 removes oneDNN's);
+// the caller then keeps a float form. MM3_ISA below avx512 leaves oneDNN's and the AVX2 one;
+// MM3_I8_GEMM=onednn takes oneDNN's where ours on VNNI exists, MM3_I8_GEMM=avx2 the AVX2 one wherever
+// AVX2 is (for tests and comparisons). Throws BadModel for a weight with a non-finite value.
 // I8Options::x_two_level: each row of x is taken on two levels, x ≈ sx·(q1 + q2/128) (q2 the first
 // level's rounding error on 127 levels of its own), both through one integer GEMM of 2M rows: x's
 // quantization error drops ~128-fold (what remains is the weight's, ~1% per product), for twice the GEMM
@@ -172,6 +174,9 @@ LinearWeight gemm_only_i8(const LinearWeight& w, const ThreadPool& pool, I8Optio
 // Whether gemm_only_i8 would take our VNNI GEMM here (AVX512-VNNI within MM3_ISA, MM3_I8_GEMM not
 // "onednn"): its one-level forms then keep no int32 sums in memory (the memory plan counts on it).
 bool i8_gemm_own();
+// The integer GEMM a gemm_only_i8 form runs on: "vnni" (ours, AVX512-VNNI), "onednn", "avx2" (ours on
+// 16-bit pairs); "" for any other weight.
+const char* i8_gemm_name(const LinearWeight& w);
 
 // The rotation gemm_only_i8 applies (I8Options::rotate): v[k] *= rotation_sign(k) for k < n, then the
 // unnormalized Walsh-Hadamard transform in place (Sylvester order: stages h = 1, 2, 4, .., n/2, each

@@ -1,7 +1,7 @@
 // kernels_linear_i8.cpp — kern::gemm_only_i8 (W8A8: our AVX512-VNNI GEMM with its epilogue in the tiles,
-// or oneDNN's int8 GEMM; cpu/gemm_i8.cpp) through kern::linear. The plain run takes ours where the CPU has
-// AVX512-VNNI; ctest runs the file again with MM3_I8_GEMM=onednn (kernels_i8_onednn_native) and capped
-// (below), so every test here checks both GEMMs:
+// oneDNN's int8 GEMM, or our AVX2 GEMM on 16-bit pairs; cpu/gemm_i8.cpp) through kern::linear. The plain
+// run takes ours where the CPU has AVX512-VNNI; ctest runs the file again with MM3_I8_GEMM=onednn
+// (kernels_i8_onednn_native), MM3_I8_GEMM=avx2 and capped (below), so every test here checks each GEMM:
 // * bitwise equal to its scalar twin ref::linear_i8 (the integer sums are exact, so any order gives
 //   the same bits) at odd sizes (M = 1 .. 130, N and K off every block size, K = 1), with and without
 //   bias, store F32 and BF16, F32 and BF16 source weights, strided x / y with guard zones;
@@ -12,14 +12,16 @@
 // * the Hadamard rotation (kern::rotate_row, I8Options::rotate): bitwise its scalar twin at every power of
 //   two up to 65536, exact as the dot-product identity it exists for, and the rotated forms bitwise
 //   their twin and within ~1.1% per product on heavy tails and outlier channels;
-// * exact on the bytes that saturate a 16-bit pair sum (u8 255 against s8 ±127), and offered only
-//   where oneDNN's sums are exact: ctest runs this file again with our kernels capped to AVX2 (MM3_ISA,
-//   so oneDNN's GEMM is the one left) and oneDNN capped (ONEDNN_MAX_CPU_ISA, tests/CMakeLists.txt) at
-//   AVX2_VNNI (gemm:jit on VPDPBUSD, 256-bit: what an Intel client core from Alder Lake on runs; every
-//   test here must pass on it) and at AVX2 (VPMADDUBSW: refused).
+// * exact on the bytes that saturate a 16-bit pair sum (u8 255 against s8 ±127), and oneDNN's GEMM
+//   offered only where its sums are exact: ctest runs this file again with our kernels capped to AVX2
+//   (MM3_ISA, so our VNNI GEMM is out of reach) and oneDNN capped (ONEDNN_MAX_CPU_ISA,
+//   tests/CMakeLists.txt) at AVX2_VNNI (gemm:jit on VPDPBUSD, 256-bit: what an Intel client core from
+//   Alder Lake on runs; every test here must pass on it) and at AVX2 (VPMADDUBSW: refused, so our AVX2
+//   GEMM on 16-bit pairs is taken, and every test here must pass on it), and once more on the native
+//   binary with MM3_I8_GEMM=avx2 (that GEMM as an AVX-512 build compiles it).
 // * the GLU-paired panels (I8Options::glu_pairs): plain products through them bitwise the twin, the GLU
 //   in the tiles' epilogue bitwise linear() then silu_mul.
-// Skips (loudly) where the CPU has no exact int8 GEMM (neither AVX512-VNNI nor AVX-VNNI), where
+// Skips (loudly) where the CPU has no exact int8 GEMM (no AVX2 and FMA, or MM3_ISA=scalar), where
 // gemm_only_i8 returns an empty weight.
 #include <gtest/gtest.h>
 
@@ -40,10 +42,10 @@ namespace {
 using test::Guarded;
 using test::Rng;
 
-#define MM3_REQUIRE_I8(w)                                                                           \
-  if ((w).gemm_kind() != kern::GemmKind::I8)                                                        \
-  GTEST_SKIP() << "no exact int8 GEMM on this CPU (ours needs AVX512-VNNI, oneDNN's AVX-VNNI), or " \
-                  "MM3_ONEDNN=0 there: gemm_only_i8 returned no form"
+#define MM3_REQUIRE_I8(w)                                                                             \
+  if ((w).gemm_kind() != kern::GemmKind::I8)                                                          \
+  GTEST_SKIP() << "no exact int8 GEMM on this CPU (ours needs AVX512-VNNI or AVX2 and FMA, oneDNN's " \
+                  "AVX-VNNI): gemm_only_i8 returned no form"
 
 kern::LinearWeight make_weight(Rng& rng, int64_t N, int64_t K, bool bias, DType dt) {
   Tensor w = Tensor::from_f32(rng.vec(static_cast<size_t>(N * K), -1.f, 1.f), {N, K}).to(dt);
@@ -136,26 +138,30 @@ TEST(KernelsLinearI8, ExactOnTheBytesThatSaturateAPairSum) {
   }
 }
 
-// What ctest's capped runs must give (MM3_TEST_EXPECT_I8, set by tests/CMakeLists.txt beside
-// ONEDNN_MAX_CPU_ISA): "offered" (AVX2_VNNI on a CPU with AVX-VNNI) or "refused" (AVX2: oneDNN's int8 GEMM
-// saturates there). RED: the probe forced true, the AVX2 run is offered a form.
+// Which GEMM ctest's capped and forced runs must get (MM3_TEST_EXPECT_I8, set by tests/CMakeLists.txt
+// beside ONEDNN_MAX_CPU_ISA or MM3_I8_GEMM): "onednn" (AVX2_VNNI on a CPU with AVX-VNNI) or "avx2" (ours
+// on 16-bit pairs: under ONEDNN_MAX_CPU_ISA=AVX2 oneDNN's int8 GEMM saturates and must be refused).
+// RED: oneDNN's probe forced true, the AVX2 run gets oneDNN's form.
 TEST(KernelsLinearI8, OfferedOnlyWhereItsSumsAreExact) {
   const char* e = std::getenv("MM3_TEST_EXPECT_I8");
   if (!e || !*e)
-    GTEST_SKIP() << "MM3_TEST_EXPECT_I8 unset: this one runs in ctest's kernels_i8_onednn_* (oneDNN capped)";
+    GTEST_SKIP() << "MM3_TEST_EXPECT_I8 unset: this one runs in ctest's kernels_i8_onednn_avx2_vnni and "
+                    "kernels_i8_avx2* (which GEMM must be taken)";
   const std::string want(e);
-  ASSERT_TRUE(want == "offered" || want == "refused") << "MM3_TEST_EXPECT_I8=" << want;
-  // "offered" comes with ONEDNN_MAX_CPU_ISA=AVX2_VNNI, where AVX512-VNNI is out of reach (Zen 4 has only
-  // that one: oneDNN then falls to AVX2's saturating kernel and must refuse).
-  if (want == "offered" && !__builtin_cpu_supports("avxvnni"))
+  ASSERT_TRUE(want == "onednn" || want == "avx2") << "MM3_TEST_EXPECT_I8=" << want;
+  // "onednn" comes with ONEDNN_MAX_CPU_ISA=AVX2_VNNI and MM3_ISA=avx2, where AVX512-VNNI is out of reach
+  // (Zen 4 has only that one: oneDNN then falls to AVX2's saturating kernel and must be refused).
+  // "avx2" comes with ONEDNN_MAX_CPU_ISA=AVX2 (oneDNN's VPMADDUBSW pair sums saturate: refused, so our
+  // GEMM on 16-bit pairs must be taken) or with MM3_I8_GEMM=avx2 (taken wherever AVX2 is).
+  if (want == "onednn" && !__builtin_cpu_supports("avxvnni"))
     GTEST_SKIP() << "no AVX-VNNI on this CPU: oneDNN cannot offer an exact int8 GEMM under this cap";
+  if (want == "avx2" && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")))
+    GTEST_SKIP() << "no AVX2 and FMA on this CPU: no int8 GEMM to expect";
   ThreadPool pool(2);
   Rng rng(2);
   const kern::LinearWeight w = kern::gemm_only_i8(make_weight(rng, 40, 300, true, DType::F32), pool);
-  if (want == "offered")
-    EXPECT_EQ(w.gemm_kind(), kern::GemmKind::I8) << "this CPU has VNNI: the int8 GEMM should be offered";
-  else
-    EXPECT_EQ(w.out_features(), 0) << "oneDNN's int8 GEMM is not exact under this cap: it must be refused";
+  EXPECT_EQ(w.gemm_kind(), kern::GemmKind::I8) << "an exact int8 GEMM should be offered here";
+  EXPECT_STREQ(kern::i8_gemm_name(w), want.c_str()) << "the int8 GEMM taken";
 }
 
 TEST(KernelsLinearI8, ZeroAndNonFiniteRows) {

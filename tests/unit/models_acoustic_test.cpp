@@ -10,11 +10,13 @@
 #include <filesystem>
 #include <iostream>
 #include <string>
+#include <string_view>
 
 #include "core_test_util.h"
 #include "diffusion/noise.h"
 #include "diffusion/windows.h"
 #include "io/safetensors.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/kernels.h"
 #include "model/checkpoint.h"
 #include "model/condition_encoder.h"
@@ -216,13 +218,12 @@ TEST(AcousticGolden, DitInt8WithinItsErrorOfTheGoldens) {
     const Tensor x = f.get("latents"), t = f.get("timestep"), c = f.get("condition");
     const Tensor v = dit.forward(pool, x, t, c, DType::F32, DitGemm::Int8);
     if (!dit.int8_active()) {
-      // ctest's golden_dit_int8_avx2_vnni runs this with oneDNN capped at AVX2_VNNI (MM3_TEST_EXPECT_I8;
-      // AVX512-VNNI is out of its reach there):
-      // a CPU with AVX-VNNI must then still get the int8 GEMMs.
-      const char* e = std::getenv("MM3_TEST_EXPECT_I8");
-      if (e && std::string(e) == "offered" && __builtin_cpu_supports("avxvnni"))
-        FAIL() << "this CPU has AVX-VNNI, yet the int8 profile ran fp32";
-      GTEST_SKIP() << "no exact int8 GEMM on this CPU (needs AVX512-VNNI or AVX-VNNI): the profile ran fp32";
+      // Every CPU with AVX2 and FMA has an exact int8 GEMM (ours on 16-bit pairs, if nothing better);
+      // ctest's golden_dit_int8_avx2_vnni and golden_dit_int8_avx2 run this with our kernels capped at
+      // AVX2 and oneDNN at AVX2_VNNI / AVX2 (MM3_TEST_EXPECT_I8 says which GEMM must then run).
+      if (std::string_view(kern::detail::isa_name()) != "scalar")
+        FAIL() << "this CPU has AVX2 and FMA, yet the int8 profile ran fp32";
+      GTEST_SKIP() << "no exact int8 GEMM on this CPU (needs AVX2 and FMA): the profile ran fp32";
     }
     const Tensor v2 = dit.forward(pool, x, t, c, DType::F32, DitGemm::Int8);
     EXPECT_EQ(std::memcmp(v.raw(), v2.raw(), v.nbytes()), 0) << "int8 forward not deterministic";

@@ -52,8 +52,10 @@ namespace {
 struct I8Form {
   std::shared_ptr<const void> dnnl;  // the packed s8 weights (gemm_dnnl.cpp), or
   aligned_buffer<int8_t> panels;     // ours (own: vnni_gemm below), panel_bytes of them
+  aligned_buffer<int16_t> panels16;  // or ours without VNNI (madd: madd_gemm below), panel_bytes of them
   size_t panel_bytes = 0;
   bool own = false;
+  bool madd = false;
   std::vector<float> sw;             // [N] weight scales
   std::vector<int32_t> comp;         // [N] 128 · Σ_k qw[n, k]: the u8 offset's share of acc
   int64_t N = 0, K = 0;
@@ -316,7 +318,7 @@ constexpr int64_t kMC = 384, kKC = 512;  // rows of x and bytes of k a block (kK
 bool own_i8_gemm() {
 #if defined(__AVX512F__)
   const char* e = std::getenv("MM3_I8_GEMM");
-  return detail::cpu_has_avx512vnni() && !(e && std::string_view(e) == "onednn");
+  return detail::cpu_has_avx512vnni() && !(e && (std::string_view(e) == "onednn" || std::string_view(e) == "avx2"));
 #else
   return false;
 #endif
@@ -508,11 +510,157 @@ void vnni_gemm(const ThreadPool&, const uint8_t*, int64_t, int64_t, const int8_t
 }
 #endif
 
+// ---- Our own integer GEMM where the CPU has AVX2 but no VNNI ("madd": VPMADDWD on 16-bit pairs) ----
+// oneDNN's int8 GEMM without VNNI multiplies with VPMADDUBSW, whose u8 x s8 pair sums saturate at int16
+// (gemm_dnnl.cpp's probe refuses it), so before this the int8 profile ran fp32 on such CPUs (Zen 2 / 3,
+// Intel's cores before Alder Lake, AVX-512 without VNNI as Skylake-SP). Here the weights are held as
+// int16 and x's bytes are widened to int16 at every call: VPMADDWD multiplies 16 pairs of int16 and adds
+// each pair into an int32 lane exactly (|pair| <= 2 · 255 · 127), VPADDD into the accumulator, so the
+// sums are acc's of the contract above, bit for bit the VNNI GEMM's: 16 multiply-adds per 2 instructions
+// where an AVX2 FMA does 8 per 1, but VPMADDWD issues on as many ports as the FMA or more.
+// Form: panels of kMaddPanel = 16 output columns, [K2 = ceil(K / 2)][16 columns][2 int16 of k] (zero past
+// N and K: twice the int8 bytes, half of fp32's); tiles of up to 6 rows x 16 columns (12 accumulators):
+// per pair of k two 32-byte loads of the panel, a dword broadcast of each row's pair of x. Blocking as
+// vnni_gemm: threads take panels, per block of kMaddMC rows and kMaddKP pairs the panel's slice (16 KiB)
+// stays in L1 across the block's tiles, the partial sums of a longer K wait in a per-thread buffer. The
+// sums go to memory as int32 (acc) and the row pass (dequant_row / dequant_row2, silu_mul) follows, as
+// with oneDNN's. MM3_I8_GEMM=avx2 takes it wherever the CPU has AVX2 and FMA (for tests and comparisons).
+constexpr int64_t kMaddPanel = 16;
+constexpr int kMaddRows = 6;
+constexpr int64_t kMaddMC = 384, kMaddKP = 256;  // rows of x and pairs of k a block
+
+bool madd_forced() {
+  const char* e = std::getenv("MM3_I8_GEMM");
+  return e && std::string_view(e) == "avx2";
+}
+
+// Panels of the s8 weights q [N, K] widened to int16 (zero weights past N and K). Every value is written.
+aligned_buffer<int16_t> pack_madd_panels(const ThreadPool& pool, const int8_t* q, int64_t N, int64_t K, size_t& bytes) {
+  const int64_t K2 = (K + 1) / 2, P = (N + kMaddPanel - 1) / kMaddPanel;
+  bytes = static_cast<size_t>(P * K2 * kMaddPanel * 2) * sizeof(int16_t);
+  aligned_buffer<int16_t> out = make_aligned_buffer<int16_t>(bytes / sizeof(int16_t));
+  pool.parallel_for(P, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      int16_t* dst = out.get() + p * K2 * kMaddPanel * 2;
+      for (int64_t t = 0; t < K2; ++t)
+        for (int64_t c = 0; c < kMaddPanel; ++c, dst += 2) {
+          const int64_t n = kMaddPanel * p + c;
+          for (int64_t h = 0; h < 2; ++h) {
+            const int64_t k = 2 * t + h;
+            dst[h] = n < N && k < K ? int16_t{q[n * K + k]} : int16_t{0};
+          }
+        }
+    }
+  });
+  return out;
+}
+
+// Rows [0, rows) of x's bytes (u8, row stride K) widened to int16, row stride ld = 2 · ceil(K / 2) (the
+// pad value past K is 0; it meets zero weights).
+void widen_rows(const ThreadPool& pool, const uint8_t* xq, int64_t rows, int64_t K, int16_t* x16, int64_t ld) {
+  pool.parallel_for(rows, [&](int64_t b, int64_t e) {
+    for (int64_t m = b; m < e; ++m) {
+      const uint8_t* s = xq + m * K;
+      int16_t* d = x16 + m * ld;
+      for (int64_t k = 0; k < K; ++k) d[k] = int16_t{s[k]};
+      for (int64_t k = K; k < ld; ++k) d[k] = 0;
+    }
+  });
+}
+
+// R rows of x16 (row stride ldx int16) by one panel's 16 columns over T pairs of k (b: the panel's slice).
+// part: this tile's partial sums (16 per row) when the block is one of several over k: read unless first,
+// written unless last; on the last block the sums go to acc's rows (stride ldacc), nv (<= 16) columns.
+template <int R>
+MM3_SIMD_AVX2 void madd_tile(const int16_t* x, int64_t ldx, const int16_t* b, int64_t T, int32_t* part, bool first,
+                             bool last, int32_t* acc, int64_t ldacc, int64_t nv) {
+  __m256i c0[R], c1[R];
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i) {
+    if (first) {
+      c0[i] = c1[i] = _mm256_setzero_si256();
+    } else {
+      c0[i] = _mm256_load_si256(reinterpret_cast<const __m256i*>(part + i * kMaddPanel));
+      c1[i] = _mm256_load_si256(reinterpret_cast<const __m256i*>(part + i * kMaddPanel + 8));
+    }
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    const int16_t* bt = b + t * kMaddPanel * 2;
+    const __m256i b0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(bt)),
+                  b1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(bt + 16));
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      int32_t xv;
+      std::memcpy(&xv, x + i * ldx + 2 * t, 4);
+      const __m256i a = _mm256_set1_epi32(xv);
+      c0[i] = _mm256_add_epi32(c0[i], _mm256_madd_epi16(a, b0));
+      c1[i] = _mm256_add_epi32(c1[i], _mm256_madd_epi16(a, b1));
+    }
+  }
+  if (!last) {
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      _mm256_store_si256(reinterpret_cast<__m256i*>(part + i * kMaddPanel), c0[i]);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(part + i * kMaddPanel + 8), c1[i]);
+    }
+    return;
+  }
+  if (nv >= kMaddPanel) {
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + i * ldacc), c0[i]);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + i * ldacc + 8), c1[i]);
+    }
+    return;
+  }
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(nv)), lane),
+                m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(nv) - 8), lane);
+  for (int i = 0; i < R; ++i) {
+    _mm256_maskstore_epi32(acc + i * ldacc, m0, c0[i]);
+    _mm256_maskstore_epi32(acc + i * ldacc + 8, m1, c1[i]);
+  }
+}
+
+using MaddTileFn = void (*)(const int16_t*, int64_t, const int16_t*, int64_t, int32_t*, bool, bool, int32_t*, int64_t,
+                            int64_t);
+constexpr MaddTileFn kMaddTiles[kMaddRows + 1] = {nullptr,      madd_tile<1>, madd_tile<2>, madd_tile<3>,
+                                                  madd_tile<4>, madd_tile<5>, madd_tile<6>};
+
+// acc [M, N] (row stride ldacc) = the int32 sums of x16 [M, 2 · ceil(K / 2)] (row stride ldx) times the
+// panels. Threads take whole panels; every sum is exact, so the bits do not depend on the thread count.
+void madd_gemm(const ThreadPool& pool, const int16_t* x16, int64_t M, int64_t ldx, const int16_t* panels, int64_t N,
+               int64_t K, int32_t* acc, int64_t ldacc) {
+  const int64_t K2 = (K + 1) / 2, P = (N + kMaddPanel - 1) / kMaddPanel;
+  pool.parallel_for(P, [&](int64_t p0, int64_t p1) {
+    thread_local aligned_vector<int32_t> part;
+    if (K2 > kMaddKP && part.size() < static_cast<size_t>(kMaddMC * kMaddPanel))
+      part.resize(static_cast<size_t>(kMaddMC * kMaddPanel));
+    for (int64_t mb = 0; mb < M; mb += kMaddMC) {
+      const int64_t me = std::min(M, mb + kMaddMC);
+      for (int64_t p = p0; p < p1; ++p) {
+        const int64_t nv = std::min(kMaddPanel, N - p * kMaddPanel);
+        for (int64_t t0 = 0; t0 < K2; t0 += kMaddKP) {
+          const int64_t T = std::min(kMaddKP, K2 - t0);
+          const bool first = t0 == 0, last = t0 + T == K2;
+          const int16_t* b = panels + (p * K2 + t0) * kMaddPanel * 2;
+          for (int64_t m = mb; m < me; m += kMaddRows) {
+            const int r = static_cast<int>(std::min<int64_t>(kMaddRows, me - m));
+            kMaddTiles[r](x16 + m * ldx + 2 * t0, ldx, b, T, part.data() + (m - mb) * kMaddPanel, first, last,
+                          acc + m * ldacc + p * kMaddPanel, ldacc, nv);
+          }
+        }
+      }
+    }
+  });
+}
+
 // The scratch of one i8 GEMM, kept per calling thread (a fresh one per call would fault its pages in
 // again; the workers get its addresses): x's levels (rows M.. the second levels of a two-level form),
 // the int32 sums, x's row scales.
 struct I8Scratch {
   aligned_vector<uint8_t> xq;
+  aligned_vector<int16_t> x16;  // xq widened for the madd GEMM (rows of 2 · ceil(K / 2))
   aligned_vector<int32_t> acc;  // the int32 sums where they go to memory (oneDNN's; two-level forms)
   aligned_vector<float> yf;     // floats for glu()'s row pass: [M, N / 2] (GLU-paired forms) or [M, N]
   std::vector<float> sx;
@@ -522,6 +670,8 @@ struct I8Scratch {
     // + 64: the VNNI tiles read a row's k in groups of 4 bytes, up to 3 past the last row
     if (xq.size() < static_cast<size_t>(rows * f.K + 64)) xq.resize(static_cast<size_t>(rows * f.K + 64));
     if (!fused(f) && acc.size() < static_cast<size_t>(rows * f.N)) acc.resize(static_cast<size_t>(rows * f.N));
+    const int64_t ld16 = 2 * ((f.K + 1) / 2);
+    if (f.madd && x16.size() < static_cast<size_t>(rows * ld16)) x16.resize(static_cast<size_t>(rows * ld16));
     // the GLU's floats between the GEMM and a row pass: [M, N / 2] where the epilogue takes the GLU
     const int64_t yn = f.glu_pairs ? f.N / 2 : f.N;
     if (fused(f) && rows_after && yf.size() < static_cast<size_t>(M * yn)) yf.resize(static_cast<size_t>(M * yn));
@@ -552,12 +702,7 @@ struct I8Scratch {
       vnni_gemm(pool, xq.data(), rows, f.K, f.panels.get(), f.N, f.K, e);
       return;
     }
-    if (f.own) {
-      e.acc = acc.data(), e.ldacc = f.N;
-      vnni_gemm(pool, xq.data(), rows, f.K, f.panels.get(), f.N, f.K, e);
-    } else {
-      detail::dnnl_matmul_i8(pool, xq.data(), rows, f.K, f.dnnl.get(), acc.data());
-    }
+    sums(pool, f, M);
     pool.parallel_for(M, [&](int64_t b, int64_t end) {
       for (int64_t m = b; m < end; ++m) dequantize(f, M, m, bias, y + m * ldy, store, accumulate);
     });
@@ -582,10 +727,8 @@ struct I8Scratch {
     }
     if (fused(f))
       gemm(pool, f, M, bias, yf.data(), N, store, false);
-    else if (f.own)
-      gemm_sums(pool, f, M);
     else
-      detail::dnnl_matmul_i8(pool, xq.data(), f.two_level ? 2 * M : M, f.K, f.dnnl.get(), acc.data());
+      sums(pool, f, M);
     pool.parallel_for(M, [&](int64_t b, int64_t e) {
       thread_local aligned_vector<float> rowbuf;
       if (rowbuf.size() < static_cast<size_t>(N + F)) rowbuf.resize(static_cast<size_t>(N + F));
@@ -601,10 +744,20 @@ struct I8Scratch {
       }
     });
   }
-  void gemm_sums(const ThreadPool& pool, const I8Form& f, int64_t M) {
-    I8Epilogue e;
-    e.N = f.N, e.glu_pairs = f.glu_pairs, e.acc = acc.data(), e.ldacc = f.N;
-    vnni_gemm(pool, xq.data(), f.two_level ? 2 * M : M, f.K, f.panels.get(), f.N, f.K, e);
+  // The int32 sums of every row of x's levels into acc [rows, N] (a form not fused).
+  void sums(const ThreadPool& pool, const I8Form& f, int64_t M) {
+    const int64_t rows = f.two_level ? 2 * M : M;
+    if (f.own) {
+      I8Epilogue e;
+      e.N = f.N, e.glu_pairs = f.glu_pairs, e.acc = acc.data(), e.ldacc = f.N;
+      vnni_gemm(pool, xq.data(), rows, f.K, f.panels.get(), f.N, f.K, e);
+    } else if (f.madd) {
+      const int64_t ld16 = 2 * ((f.K + 1) / 2);
+      widen_rows(pool, xq.data(), rows, f.K, x16.data(), ld16);
+      madd_gemm(pool, x16.data(), rows, ld16, f.panels16.get(), f.N, f.K, acc.data(), f.N);
+    } else {
+      detail::dnnl_matmul_i8(pool, xq.data(), rows, f.K, f.dnnl.get(), acc.data());
+    }
   }
   // Output row m (N values) into y from the int32 sums (accumulate: added to y's values).
   void dequantize(const I8Form& f, int64_t M, int64_t m, const float* bias, float* y, DType store,
@@ -621,6 +774,12 @@ struct I8Scratch {
 }  // namespace
 
 bool i8_gemm_own() { return own_i8_gemm(); }
+
+const char* i8_gemm_name(const LinearWeight& w) {
+  if (w.gemm_kind() != GemmKind::I8) return "";
+  const auto& f = *static_cast<const I8Form*>(w.gemm_form());
+  return f.own ? "vnni" : f.madd ? "avx2" : "onednn";
+}
 
 LinearWeight gemm_only_i8(const LinearWeight& w, const ThreadPool& pool, I8Options opt) {
   MM3_CHECK(!w.quantized() && !w.gemm_form() && w.weight().ndim() == 2,
@@ -667,8 +826,14 @@ LinearWeight gemm_only_i8(const LinearWeight& w, const ThreadPool& pool, I8Optio
     f->own = true;
     bytes = f->panel_bytes;
   } else {
-    f->dnnl = detail::dnnl_pack_i8(q.get(), N, K, bytes);
-    if (!f->dnnl) return LinearWeight();  // no exact int8 GEMM here: the caller keeps its own form
+    const bool madd_ok = detail::cpu_has_avx2_fma();
+    if (!(madd_ok && madd_forced())) f->dnnl = detail::dnnl_pack_i8(q.get(), N, K, bytes);
+    if (!f->dnnl) {
+      if (!madd_ok) return LinearWeight();  // no exact int8 GEMM here: the caller keeps its own form
+      f->panels16 = pack_madd_panels(pool, q.get(), N, K, f->panel_bytes);
+      f->madd = true;
+      bytes = f->panel_bytes;
+    }
   }
   bytes += static_cast<size_t>(N) * (sizeof(float) + sizeof(int32_t));
   return LinearWeight(N, K, std::move(f), bytes, w.has_bias() ? w.bias() : Tensor(), GemmKind::I8);
