@@ -47,7 +47,7 @@ Tensor random_tensor(const ThreadPool& pool, DType dt, Shape shape, float std, u
 // How linear_stage holds its weight: the plain tensor, or gemm_only_f32's form (oneDNN's where it
 // has an fp32 brgemm, else gemm_nt's panels), or gemm_nt's panels forced, or a BF16 weight's strip
 // form (kern::bf16_strips, as the model holds its LM and depth weights where the CPU offers it).
-enum class WeightForm { Plain, F32Packed, F32Panels, Bf16Strips };
+enum class WeightForm { Plain, F32Packed, F32Panels, Bf16Strips, I8Rotated };
 
 StageRun linear_stage(const BenchContext& ctx, int64_t M, int64_t N, int64_t K, DType dt, DType store, bool stream,
                       WeightForm form = WeightForm::Plain) {
@@ -63,7 +63,12 @@ StageRun linear_stage(const BenchContext& ctx, int64_t M, int64_t N, int64_t K, 
       ws->push_back(kern::bf16_strips(static_cast<const uint16_t*>(w0.raw()), K, N, K, &pool));
   } else {
     ws->emplace_back(w0);
-    if (form != WeightForm::Plain) (*ws)[0] = kern::gemm_only_f32((*ws)[0], pool, form == WeightForm::F32Packed);
+    if (form == WeightForm::I8Rotated) {
+      (*ws)[0] = kern::gemm_only_i8((*ws)[0], pool, {.rotate = true});
+      if ((*ws)[0].out_features() == 0) throw InvalidInput("no exact int8 GEMM on this CPU (it needs AVX2 and FMA)");
+    } else if (form != WeightForm::Plain) {
+      (*ws)[0] = kern::gemm_only_f32((*ws)[0], pool, form == WeightForm::F32Packed);
+    }
     for (int c = 1; c < copies; ++c) {  // separate memory with the same values (generating is slower)
       Tensor wc = Tensor::empty(dt, {N, K});
       std::memcpy(wc.raw(), w0.raw(), w0.nbytes());
@@ -88,10 +93,11 @@ StageRun linear_stage(const BenchContext& ctx, int64_t M, int64_t N, int64_t K, 
             {"store", dtype_name(store)},
             {"bytes_counts", stream ? "weight" : "weight+x+y"},
             {"weight_copies", copies},
-            {"weight_form", form == WeightForm::Plain                         ? "plain"
-                            : form == WeightForm::Bf16Strips                  ? "bf16_strips"
-                            : (*ws)[0].gemm_kind() == kern::GemmKind::F32Dnnl ? "onednn_packed"
-                                                                              : "gemm_nt_panels"}};
+            {"weight_form", form == WeightForm::Plain        ? std::string("plain")
+                            : form == WeightForm::Bf16Strips ? std::string("bf16_strips")
+                            : form == WeightForm::I8Rotated  ? std::string("i8_") + kern::i8_gemm_name((*ws)[0])
+                            : (*ws)[0].gemm_kind() == kern::GemmKind::F32Dnnl ? std::string("onednn_packed")
+                                                                              : std::string("gemm_nt_panels")}};
   return r;
 }
 
@@ -318,6 +324,19 @@ RegisterStage gemm_f32_panels{{
         },
 }};
 
+RegisterStage gemm_i8{{
+    .name = "gemm_i8_1380x2048x8192",
+    .description = "kern::linear M=1380 N=2048 K=8192 on kern::gemm_only_i8's rotated one-level form, F32 store: "
+                   "ff_out as the int8 DiT's Euler step (batch 2) runs it, x's rotation and quantizing included "
+                   "(info weight_form: i8_vnni, i8_onednn or i8_avx2, the integer GEMM taken); flops = 2MNK, the "
+                   "integer multiply-adds x 2; bytes = the plain weight's + x + y",
+    .needs_model = false,
+    .setup =
+        [](const BenchContext& ctx) {
+          return linear_stage(ctx, 1380, 2048, 8192, DType::F32, DType::F32, false, WeightForm::I8Rotated);
+        },
+}};
+
 RegisterStage sgemm_blas{{
     .name = "sgemm_blas_689x2048x8192",
     .description = "kern::gemm_f32 (OpenBLAS) C[689,2048] = A[689,8192] * B[2048,8192]^T: the library "
@@ -498,6 +517,36 @@ __attribute__((target("avx512f,avx512vnni"))) float peak_dpbusd(int64_t iters) {
   return static_cast<float>(s);
 }
 
+// Without VNNI, the int8 GEMM's instruction pair (gemm_i8.cpp's AVX2 GEMM on 16-bit pairs): vpmaddwd
+// multiplies 16 int16 pairs and adds each pair into 8 int32 lanes, vpaddd adds them to the accumulator:
+// 16 multiply-adds, 32 integer ops a pair. In asm, as peak_dpbusd, so each pair is exactly those two.
+__attribute__((target("avx2"))) float peak_madd_avx2(int64_t iters) {
+  __m256i a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11;
+  a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = a8 = a9 = a10 = a11 = _mm256_setzero_si256();
+  const __m256i b = _mm256_set1_epi16(3), c = _mm256_set1_epi16(-2);
+  // One asm block for the 12 chains: GCC 12 otherwise stored every accumulator to the stack each
+  // iteration (half the rate).
+#define MM3_MADD_PAIR(acc, t) "vpmaddwd %[c], %[b], %[" #t "]\n\tvpaddd %[" #t "], %[" #acc "], %[" #acc "]\n\t"
+  for (int64_t n = 0; n < iters; ++n) {
+    __m256i t0, t1;
+    asm volatile(
+        MM3_MADD_PAIR(a0, t0) MM3_MADD_PAIR(a1, t1) MM3_MADD_PAIR(a2, t0) MM3_MADD_PAIR(a3, t1) MM3_MADD_PAIR(a4, t0)
+            MM3_MADD_PAIR(a5, t1) MM3_MADD_PAIR(a6, t0) MM3_MADD_PAIR(a7, t1) MM3_MADD_PAIR(a8, t0)
+                MM3_MADD_PAIR(a9, t1) MM3_MADD_PAIR(a10, t0) MM3_MADD_PAIR(a11, t1)
+        : [a0] "+x"(a0), [a1] "+x"(a1), [a2] "+x"(a2), [a3] "+x"(a3), [a4] "+x"(a4), [a5] "+x"(a5), [a6] "+x"(a6),
+          [a7] "+x"(a7), [a8] "+x"(a8), [a9] "+x"(a9), [a10] "+x"(a10), [a11] "+x"(a11), [t0] "=&x"(t0), [t1] "=&x"(t1)
+        : [b] "x"(b), [c] "x"(c));
+  }
+#undef MM3_MADD_PAIR
+  alignas(32) int32_t o[8];
+  int64_t s = 0;
+  for (const __m256i v : {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11}) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(o), v);
+    for (int32_t x : o) s += x;
+  }
+  return static_cast<float>(s);
+}
+
 enum class Peak { F32, Bf16, I8 };
 
 StageRun peak_stage(const BenchContext& ctx, Peak kind) {
@@ -509,13 +558,15 @@ StageRun peak_stage(const BenchContext& ctx, Peak kind) {
   const bool vnni = avx512 && __builtin_cpu_supports("avx512vnni");
   const bool avx2 = kern::detail::cpu_has_avx2_fma();
   std::string isa = kind == Peak::Bf16 ? (dp ? "avx512bf16 vdpbf16ps" : "none")
-                    : kind == Peak::I8 ? (vnni ? "avx512vnni vpdpbusd" : "none")
+                    : kind == Peak::I8 ? (vnni   ? "avx512vnni vpdpbusd"
+                                          : avx2 ? "avx2 vpmaddwd+vpaddd"
+                                                 : "none")
                     : avx512           ? "avx512 vfmadd"
                     : avx2             ? "avx2 vfmadd"
                                        : "none";
   // ops per instruction: 2 per fp32 lane (fma), 4 per lane (two bf16 products + adds), 8 per int32
-  // lane (four u8 x s8 products + adds)
-  const double per_instr = kind == Peak::I8 ? 128.0 : kind == Peak::Bf16 ? 64.0 : avx512 ? 32.0 : 16.0;
+  // lane (four u8 x s8 products + adds); per vpmaddwd + vpaddd pair 4 per int32 lane
+  const double per_instr = kind == Peak::I8 ? (vnni ? 128.0 : 32.0) : kind == Peak::Bf16 ? 64.0 : avx512 ? 32.0 : 16.0;
   auto sink = std::make_shared<std::atomic<float>>(0.f);
   StageRun r;
   r.info = {{"isa", isa}, {"available", isa != "none"}, {"chains_per_thread", 12}};
@@ -523,12 +574,12 @@ StageRun peak_stage(const BenchContext& ctx, Peak kind) {
     r.run = [] {};
     return r;
   }
-  r.run = [&pool, kind, avx512, sink] {
+  r.run = [&pool, kind, avx512, vnni, sink] {
     pool.parallel_for(
         pool.size(),
         [&](int64_t b, int64_t e) {
           for (int64_t i = b; i < e; ++i) {
-            const float v = kind == Peak::I8     ? peak_dpbusd(kPeakIters)
+            const float v = kind == Peak::I8     ? (vnni ? peak_dpbusd(kPeakIters) : peak_madd_avx2(kPeakIters))
                             : kind == Peak::Bf16 ? peak_dpbf16(kPeakIters)
                             : avx512             ? peak_fma_avx512(kPeakIters)
                                                  : peak_fma_avx2(kPeakIters);
@@ -560,8 +611,9 @@ RegisterStage peak_bf16{{
 RegisterStage peak_i8{{
     .name = "peak_i8_dot",
     .description = "compute peak: every pool thread runs 12 independent vpdpbusd chains (AVX512-VNNI; 8 integer "
-                   "ops per int32 lane, reported as gflop_per_s); the limit of --dit-gemm int8. available=false "
-                   "and no number where the CPU lacks it",
+                   "ops per int32 lane, reported as gflop_per_s), else (AVX2) 12 chains of vpmaddwd + vpaddd pairs "
+                   "(4 per lane; what the int8 GEMM runs on there, info isa); the limit of --dit-gemm int8. "
+                   "available=false and no number where the CPU has neither",
     .needs_model = false,
     .setup = [](const BenchContext& ctx) { return peak_stage(ctx, Peak::I8); },
 }};

@@ -175,8 +175,10 @@ LinearWeight gemm_only_i8(const LinearWeight& w, const ThreadPool& pool, I8Optio
 // "onednn"): its one-level forms then keep no int32 sums in memory (the memory plan counts on it).
 bool i8_gemm_own();
 // The integer GEMM a gemm_only_i8 form runs on: "vnni" (ours, AVX512-VNNI), "onednn", "avx2" (ours on
-// 16-bit pairs); "" for any other weight.
+// 16-bit pairs, the weights held as int16: twice the int8 bytes); "" for any other weight.
 const char* i8_gemm_name(const LinearWeight& w);
+// The one gemm_only_i8 takes on this CPU now (MM3_ISA, MM3_I8_GEMM and MM3_ONEDNN read); "" for none.
+const char* i8_gemm_engine();
 
 // The rotation gemm_only_i8 applies (I8Options::rotate): v[k] *= rotation_sign(k) for k < n, then the
 // unnormalized Walsh-Hadamard transform in place (Sylvester order: stages h = 1, 2, 4, .., n/2, each

@@ -191,12 +191,13 @@ const DiT::Weights& DiT::int8_weights(const ThreadPool& pool) const {
   int8_ = std::move(w);
   int8_active_ = all_i8;
   if (all_i8)
-    MM3_LOG_INFO("transformer: int8 block GEMM weights ({:.1f} GB with the fp32 ends) prepared in {:.1f} s", gb,
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    MM3_LOG_INFO("transformer: int8 block GEMM weights ({:.1f} GB with the fp32 ends) prepared in {:.1f} s (GEMM: {})",
+                 gb, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                 kern::i8_gemm_engine());
   else
     MM3_LOG_WARN(
-        "transformer: this CPU has no exact int8 GEMM (oneDNN's u8 x s8 products need AVX512-VNNI or "
-        "AVX-VNNI; or MM3_ONEDNN=0): the int8 profile runs its GEMMs in fp32");
+        "transformer: this CPU has no exact int8 GEMM (it needs AVX2 and FMA, or VNNI for oneDNN's; "
+        "MM3_ISA=scalar removes ours): the int8 profile runs its GEMMs in fp32");
   return *int8_;
 }
 

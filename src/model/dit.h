@@ -59,8 +59,8 @@ struct DitItem {
 // kern::linear_add, so the GLU and both residual adds happen row by row in cache), an opt-in that
 // trades accuracy for speed; attention takes the bf16 profile's form (bf16 pair dots, bf16 probabilities and
 // output) where the CPU has AVX512-BF16, else fp32's; every other op, and the small GEMMs at the ends, stay
-// fp32. Where the CPU has no exact int8 GEMM (neither AVX512-VNNI nor AVX-VNNI) Int8 runs the fp32 weights
-// and says so.
+// fp32. Where the CPU has no exact int8 GEMM (no AVX2 and FMA: without VNNI the GEMM is our own on
+// 16-bit pairs, kernels.h) Int8 runs the fp32 weights and says so.
 enum class DitGemm : uint8_t { Exact, Int8 };
 const char* dit_gemm_name(DitGemm g);  // "exact" / "int8"
 

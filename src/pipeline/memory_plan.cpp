@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 #include <vector>
 
 #include "core/errors.h"
@@ -139,7 +140,8 @@ MemoryPlan plan_memory(const Checkpoint& ckpt, int64_t prompt_tokens, int64_t ma
     p.ar_work = 64 * kMiB + 2ull * 256ull * (4 * H + 2 * I + 3 * QW) * 4ull;
   }
   const uint64_t dit_bytes = component_file_bytes(ckpt, "transformer"), voc_bytes = component_file_bytes(ckpt, "vocoder");
-  if (dit_gemm == DitGemm::Int8) {
+  if (dit_gemm == DitGemm::Int8 && *kern::i8_gemm_engine()) {
+    // (With no int8 GEMM on this CPU the profile runs fp32: the branches below.)
     // The block GEMMs' int8 weights (a quarter of their fp32 bytes; their row scales are noise) beside
     // the small fp32 ends (counted at fp32 within the quarter's slack: ~0.1% of the parameters), the
     // fp32 pages they were made from dropped as for the bf16 copies; plus the calling thread's kept
@@ -147,12 +149,16 @@ MemoryPlan plan_memory(const Checkpoint& ckpt, int64_t prompt_tokens, int64_t ma
     // int32 sums go to memory (oneDNN's GEMM), the sums: q | k | v's [M, D] and [M, 3D] (o's fit in
     // them), and the FF's (kern::ff_glu_add, both held at once) [M, D] and [M, 2F] for ff_in, [M, F]
     // and [M, D] for ff_out. Our VNNI GEMM (kern::i8_gemm_own) keeps no sums: x's bytes, and the
-    // GLU's [M, F] floats between ff_in and ff_out. Each worker's rotated row (F floats) and partial
-    // sums (96 KiB) are noise.
+    // GLU's [M, F] floats between ff_in and ff_out. Our AVX2 GEMM (kern::i8_gemm_engine() "avx2") holds
+    // the weights as int16 (half the fp32 bytes) and keeps oneDNN's sums plus x widened to int16 (two
+    // bytes per byte of x). Each worker's rotated row (F floats) and partial sums (96 KiB) are noise.
     const uint64_t D = uint64_t(c.dit.inner_dim()), F = uint64_t(c.dit.ff_inner_dim);
-    const uint64_t scratch = kern::i8_gemm_own() ? 2ull * 690ull * (D + (D + F * 4) + F)
-                                                 : 2ull * 690ull * ((D + 3 * D * 4) + (D + 2 * F * 4) + (F + D * 4));
-    p.acoustic_weights = component_file_bytes(ckpt, "condition_encoder") + dit_bytes / 4 + voc_bytes + scratch;
+    const std::string_view engine = kern::i8_gemm_engine();
+    uint64_t scratch = engine == "vnni" ? 2ull * 690ull * (D + (D + F * 4) + F)
+                                        : 2ull * 690ull * ((D + 3 * D * 4) + (D + 2 * F * 4) + (F + D * 4));
+    if (engine == "avx2") scratch += 2ull * 690ull * 2ull * (D + D + F);
+    p.acoustic_weights =
+        component_file_bytes(ckpt, "condition_encoder") + dit_bytes / (engine == "avx2" ? 2 : 4) + voc_bytes + scratch;
   } else if (acoustic_precision == DType::BF16) {
     // The bf16 profile multiplies bf16 copies of the DiT's weights (half the fp32 files); the fp32 pages
     // they were made from are clean file pages the kernel can drop once copied. The vocoder keeps its

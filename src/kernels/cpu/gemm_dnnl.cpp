@@ -276,8 +276,10 @@ bool dnnl_i8_exact() {
   return exact;
 }
 
+bool dnnl_i8_offered() { return !onednn_disabled() && dnnl_i8_exact(); }
+
 std::shared_ptr<const void> dnnl_pack_i8(const int8_t* plain, int64_t N, int64_t K, size_t& bytes) {
-  if (onednn_disabled() || !dnnl_i8_exact()) return nullptr;
+  if (!dnnl_i8_offered()) return nullptr;
   // brgemm or gemm:jit: the probe found its sums exact, and there is no other int8 GEMM to fall back to
   // (a CPU with AVX-VNNI but not AVX512-VNNI gets oneDNN's gemm:jit).
   auto f = pack_dnnl(plain, N, K, dt::s8, /*bias=*/false, /*jit_gemm_ok=*/true);

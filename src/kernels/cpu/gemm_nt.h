@@ -97,6 +97,8 @@ void dnnl_linear_f32(const ThreadPool& pool, const float* x, int64_t M, int64_t 
 // matmul (brgemm with AVX512-VNNI, gemm:jit with AVX-VNNI only); null (bytes untouched) when oneDNN is
 // disabled or its int8 sums are not exact here (dnnl_i8_exact in gemm_dnnl.cpp: no VNNI).
 std::shared_ptr<const void> dnnl_pack_i8(const int8_t* plain, int64_t N, int64_t K, size_t& bytes);
+// Whether dnnl_pack_i8 would pack here (oneDNN enabled and its int8 sums exact).
+bool dnnl_i8_offered();
 // acc [M, N] dense = sum_k xq[m, k] · W[n, k] exactly in int32, xq u8 rows of stride ldx.
 void dnnl_matmul_i8(const ThreadPool& pool, const uint8_t* xq, int64_t M, int64_t ldx, const void* form, int32_t* acc);
 
