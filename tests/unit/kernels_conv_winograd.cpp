@@ -264,7 +264,9 @@ TEST(KernelsConvWinograd, OnlyItsShapeAndStoreF32) {
 
 // The products' kernel (conv_detail.h conv_onetap_strip), bit for bit against its definition: per output,
 // each chunk of input channels one FMA chain from 0, the chunk sums added in order. A full 64-column strip
-// takes the AVX-512 body where the CPU has it, a narrower one the direct kernel's tiles: both are checked.
+// takes the AVX-512 body where the CPU has it, else the AVX2 body (test_kernels_baseline under
+// MM3_ISA=avx2 runs it), a narrower one the direct kernel's tiles: all are checked. RED (AVX2 body): the
+// later chunks' sums stored over the first's instead of added.
 TEST(KernelsConvWinograd, OnetapStripIsChunkedFmaChains) {
   Rng rng(65);
   const int64_t Cin = 200, Cout = 13, chunk = 64;

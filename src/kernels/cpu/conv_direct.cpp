@@ -717,6 +717,39 @@ MM3_AVX512_TARGET void onetap_chunks_avx512(const float* u, int64_t ldu, const f
   }
 }
 
+// Its AVX2 body (CPUs without AVX-512): the same chains and order, the strip in four passes of 16 columns
+// (12 accumulators; the chunk's weights and x rows stay in L1 across the passes). The direct kernel's
+// tile_avx2<1>, which ran these before (the thirty-sixth session), spends a tap loop, two prefetches and
+// a residual epilogue on every 12 FMAs of a one-tap product.
+MM3_CONV_AVX2 void onetap_chunks_avx2(const float* u, int64_t ldu, const float* w, int64_t Cin, int64_t chunk, int rows,
+                                      float* v, int64_t ldv) {
+  for (int64_t c0 = 0; c0 < Cin; c0 += chunk) {
+    const int64_t c1 = std::min(Cin, c0 + chunk);
+    for (int q = 0; q < kNV; ++q) {
+      __m256 a0[kMR], a1[kMR];
+#pragma GCC unroll 6
+      for (int m = 0; m < kMR; ++m) a0[m] = a1[m] = _mm256_setzero_ps();
+      const float* x = u + 16 * q;
+      for (int64_t c = c0; c < c1; ++c) {
+        const __m256 x0 = _mm256_loadu_ps(x + c * ldu), x1 = _mm256_loadu_ps(x + c * ldu + 8);
+#pragma GCC unroll 6
+        for (int m = 0; m < kMR; ++m) {
+          const __m256 wv = _mm256_broadcast_ss(w + c * kMR + m);
+          a0[m] = _mm256_fmadd_ps(wv, x0, a0[m]);
+          a1[m] = _mm256_fmadd_ps(wv, x1, a1[m]);
+        }
+      }
+#pragma GCC unroll 6
+      for (int m = 0; m < kMR; ++m) {
+        if (m >= rows) break;
+        float* p = v + m * ldv + 16 * q;
+        _mm256_storeu_ps(p, c0 == 0 ? a0[m] : _mm256_add_ps(_mm256_loadu_ps(p), a0[m]));
+        _mm256_storeu_ps(p + 8, c0 == 0 ? a1[m] : _mm256_add_ps(_mm256_loadu_ps(p + 8), a1[m]));
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void detail::conv_onetap_strip(const ConvWeight& w, const float* u, int64_t ldu, int cols, float* v, int64_t ldv,
@@ -729,6 +762,12 @@ void detail::conv_onetap_strip(const ConvWeight& w, const float* u, int64_t ldu,
     for (int64_t cob = 0; cob < P.cobs; ++cob)
       onetap_chunks_avx512(u, ldu, P.w.data() + cob * Cin * kMR, Cin, chunk,
                            static_cast<int>(std::min<int64_t>(kMR, Cout - cob * kMR)), v + cob * kMR * ldv, ldv);
+    return;
+  }
+  if (cols == kNR && detail::cpu_has_avx2_fma()) {
+    for (int64_t cob = 0; cob < P.cobs; ++cob)
+      onetap_chunks_avx2(u, ldu, P.w.data() + cob * Cin * kMR, Cin, chunk,
+                         static_cast<int>(std::min<int64_t>(kMR, Cout - cob * kMR)), v + cob * kMR * ldv, ldv);
     return;
   }
   static const int64_t off0 = 0;

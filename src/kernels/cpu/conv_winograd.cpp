@@ -124,6 +124,23 @@ inline v16 load16(const float* p) {
 }
 inline void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
 
+// The transforms' vector: 16 lanes where the build has AVX-512, else 8 (one ymm with AVX2): the 12
+// points' vectors of a transform then fit the 16 ymm registers, where 16-lane ones (two ymm each) spilled
+// (perf annotate; the thirty-sixth session: vocoder_L689 under MM3_ISA=avx2 on an x86-64-v3 build, the
+// transforms ~25% of the window). Lane-wise the same operations, so the same bits.
+#if defined(__AVX512F__)
+typedef v16 vt;
+#else
+typedef float vt __attribute__((vector_size(32)));
+#endif
+constexpr int kVt = static_cast<int>(sizeof(vt) / sizeof(float));
+inline vt loadvt(const float* p) {
+  vt v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void storevt(float* p, vt v) { std::memcpy(p, &v, sizeof v); }
+
 // The points after 0 come in pairs ±a (rows 2k−1 and 2k, k = 1..5), so BT's row for −a is the row for +a
 // with its odd-index entries negated, and AT's column for −a is the column for +a times (−1)^e. The
 // transforms share that work: U_{2k−1}, U_{2k} = E − O, E + O, with E the row's even-index terms and O
@@ -147,9 +164,9 @@ static_assert(pairs_mirror(), "the points must come in ± pairs at rows 2k−1, 
 // acc = sum of coef[i] · v[i] over the nonzero coefficients with i ≡ par (mod 2) (par < 0: all i), in
 // ascending i: the first term a product, then one add per term (fp-contract is off: no fusing).
 // Unrolled at compile time, so the zero coefficients cost nothing.
-template <int N>
-inline v16 dot(const float (&coef)[N], const v16 (&v)[N], int par) {
-  v16 acc = {};
+template <int N, typename V>
+inline V dot(const float (&coef)[N], const V (&v)[N], int par) {
+  V acc = {};
   bool first = true;
 #pragma GCC unroll 16
   for (int i = 0; i < N; ++i) {
@@ -163,26 +180,26 @@ inline v16 dot(const float (&coef)[N], const v16 (&v)[N], int par) {
 // U_p[ci][k] for every point p (rows ldp apart) and the strip's 64 tiles k, from one input channel's
 // H rows (input i of tile k at in[i][k]).
 void input_transform(const float* const (&in)[kPts], float* u, int64_t ldp) {
-  for (int k = 0; k < kStrip; k += 16) {
-    v16 v[kPts];
-    for (int i = 0; i < kPts; ++i) v[i] = load16(in[i] + k);
-    store16(u + k, dot(kBT[0], v, -1));
+  for (int k = 0; k < kStrip; k += kVt) {
+    vt v[kPts];
+    for (int i = 0; i < kPts; ++i) v[i] = loadvt(in[i] + k);
+    storevt(u + k, dot(kBT[0], v, -1));
 #pragma GCC unroll 4
     for (int q = 1; q < kPts - 1; q += 2) {
-      const v16 e = dot(kBT[q], v, 0), o = dot(kBT[q + 1], v, 1);
-      store16(u + q * ldp + k, e - o);
-      store16(u + (q + 1) * ldp + k, e + o);
+      const vt e = dot(kBT[q], v, 0), o = dot(kBT[q + 1], v, 1);
+      storevt(u + q * ldp + k, e - o);
+      storevt(u + (q + 1) * ldp + k, e + o);
     }
-    store16(u + (kPts - 1) * ldp + k, dot(kBT[kPts - 1], v, -1));
+    storevt(u + (kPts - 1) * ldp + k, dot(kBT[kPts - 1], v, -1));
   }
 }
 
 // out[e][k] = AT · (V_p[k])_p for one output channel (V_p rows at v[p]): per output, the term of point 0,
 // the pairs' S or D scaled in ascending k, then the term of ∞, as above.
 void output_transform(const float* const (&v)[kPts], float (&out)[kM][kStrip]) {
-  for (int k = 0; k < kStrip; k += 16) {
-    v16 a[kPts], sd[2][kPts / 2];
-    for (int p = 0; p < kPts; ++p) a[p] = load16(v[p] + k);
+  for (int k = 0; k < kStrip; k += kVt) {
+    vt a[kPts], sd[2][kPts / 2];
+    for (int p = 0; p < kPts; ++p) a[p] = loadvt(v[p] + k);
 #pragma GCC unroll 4
     for (int q = 1; q < kPts - 1; q += 2) {
       sd[0][q / 2] = a[q] + a[q + 1];
@@ -190,9 +207,9 @@ void output_transform(const float* const (&v)[kPts], float (&out)[kM][kStrip]) {
     }
 #pragma GCC unroll 4
     for (int e = 0; e < kM; ++e) {
-      v16 acc = {};
+      vt acc = {};
       bool first = true;
-      auto term = [&](float c, v16 t) {
+      auto term = [&](float c, vt t) {
         if (c == 0.f) return;
         acc = first ? c * t : acc + c * t;
         first = false;
@@ -201,7 +218,7 @@ void output_transform(const float* const (&v)[kPts], float (&out)[kM][kStrip]) {
 #pragma GCC unroll 4
       for (int q = 1; q < kPts - 1; q += 2) term(kAT[e][q], sd[e % 2][q / 2]);
       term(kAT[e][kPts - 1], a[kPts - 1]);
-      store16(out[e] + k, acc);
+      storevt(out[e] + k, acc);
     }
   }
 }
