@@ -30,6 +30,8 @@
 // rows are quantized as above after it, and sw[n] carries the 1/K (a power of two: exact).
 #pragma GCC optimize("fp-contract=off")
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -313,12 +315,23 @@ constexpr int64_t kPanel = 64;
 constexpr int kTileRows = 6;
 constexpr int64_t kMC = 384, kKC = 512;  // rows of x and bytes of k a block (kKC a multiple of 4)
 
-// Read at each packing (not cached), so one process can hold both forms for a comparison.
-// Needs a build with AVX-512 code (vnni_gemm; a build for an AVX2 target has only oneDNN's).
+// MM3_I8_GEMM: "onednn", "avx2" or unset. Read at each packing (not cached), so one process can hold two
+// forms for a comparison; another value is ignored, with a warning (once).
+std::string_view i8_gemm_env() {
+  const char* e = std::getenv("MM3_I8_GEMM");
+  if (!e || !*e) return {};
+  const std::string_view v(e);
+  if (v == "onednn" || v == "avx2") return v;
+  static std::atomic<bool> warned{false};
+  if (!warned.exchange(true))
+    fmt::print(stderr, "mm3: MM3_I8_GEMM={} is not a known value (onednn, avx2); ignored\n", v);
+  return {};
+}
+
+// Needs a build with AVX-512 code (vnni_gemm; a build for an AVX2 target has only oneDNN's and madd_gemm).
 bool own_i8_gemm() {
 #if defined(__AVX512F__)
-  const char* e = std::getenv("MM3_I8_GEMM");
-  return detail::cpu_has_avx512vnni() && !(e && (std::string_view(e) == "onednn" || std::string_view(e) == "avx2"));
+  return detail::cpu_has_avx512vnni() && i8_gemm_env().empty();
 #else
   return false;
 #endif
@@ -529,10 +542,7 @@ constexpr int64_t kMaddPanel = 16;
 constexpr int kMaddRows = 6;
 constexpr int64_t kMaddMC = 384, kMaddKP = 256;  // rows of x and pairs of k a block
 
-bool madd_forced() {
-  const char* e = std::getenv("MM3_I8_GEMM");
-  return e && std::string_view(e) == "avx2";
-}
+bool madd_forced() { return i8_gemm_env() == "avx2"; }
 
 // Panels of the s8 weights q [N, K] widened to int16 (zero weights past N and K). Every value is written.
 aligned_buffer<int16_t> pack_madd_panels(const ThreadPool& pool, const int8_t* q, int64_t N, int64_t K, size_t& bytes) {
