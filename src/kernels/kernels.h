@@ -171,13 +171,12 @@ struct I8Options {
   bool glu_pairs = false;
 };
 LinearWeight gemm_only_i8(const LinearWeight& w, const ThreadPool& pool, I8Options opt = {});
-// Whether gemm_only_i8 would take our VNNI GEMM here (AVX512-VNNI within MM3_ISA, MM3_I8_GEMM not
-// "onednn"): its one-level forms then keep no int32 sums in memory (the memory plan counts on it).
-bool i8_gemm_own();
 // The integer GEMM a gemm_only_i8 form runs on: "vnni" (ours, AVX512-VNNI), "onednn", "avx2" (ours on
 // 16-bit pairs, the weights held as int16: twice the int8 bytes); "" for any other weight.
 const char* i8_gemm_name(const LinearWeight& w);
 // The one gemm_only_i8 takes on this CPU now (MM3_ISA, MM3_I8_GEMM and MM3_ONEDNN read); "" for none.
+// "vnni": its one-level forms keep no int32 sums in memory; "avx2": its weights take twice the int8
+// bytes and x is widened (the memory plan counts on both).
 const char* i8_gemm_engine();
 
 // The rotation gemm_only_i8 applies (I8Options::rotate): v[k] *= rotation_sign(k) for k < n, then the

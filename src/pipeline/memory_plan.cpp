@@ -148,7 +148,7 @@ MemoryPlan plan_memory(const Checkpoint& ckpt, int64_t prompt_tokens, int64_t ma
     // scratch for a batch-2 window (M = 2·690 rows; kernels/cpu/gemm_i8.cpp), x as u8 and, where the
     // int32 sums go to memory (oneDNN's GEMM), the sums: q | k | v's [M, D] and [M, 3D] (o's fit in
     // them), and the FF's (kern::ff_glu_add, both held at once) [M, D] and [M, 2F] for ff_in, [M, F]
-    // and [M, D] for ff_out. Our VNNI GEMM (kern::i8_gemm_own) keeps no sums: x's bytes, and the
+    // and [M, D] for ff_out. Our VNNI GEMM (kern::i8_gemm_engine() "vnni") keeps no sums: x's bytes, and the
     // GLU's [M, F] floats between ff_in and ff_out. Our AVX2 GEMM (kern::i8_gemm_engine() "avx2") holds
     // the weights as int16 (half the fp32 bytes) and keeps oneDNN's sums plus x widened to int16 (two
     // bytes per byte of x). Each worker's rotated row (F floats) and partial sums (96 KiB) are noise.

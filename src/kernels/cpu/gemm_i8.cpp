@@ -789,8 +789,6 @@ struct I8Scratch {
 
 }  // namespace
 
-bool i8_gemm_own() { return own_i8_gemm(); }
-
 const char* i8_gemm_engine() {
   if (own_i8_gemm()) return "vnni";
   const bool madd_ok = detail::cpu_has_avx2_fma();
