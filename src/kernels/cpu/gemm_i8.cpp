@@ -3,9 +3,12 @@
 // AVX512-VNNI (vnni_gemm below: the scales, bias, residual add or GLU applied in its tiles' epilogue),
 // else oneDNN's u8 x s8 -> s32 matmul (gemm:jit where the CPU has only AVX-VNNI, as Intel's client cores
 // from Alder Lake on; brgemm with AVX512-VNNI under MM3_I8_GEMM=onednn) with the scales applied here in a
-// pass over its output. On Zen 5 capped to an AVX-VNNI core (ONEDNN_MAX_CPU_ISA=AVX2_VNNI,
+// pass over its output, else (no VNNI at all, where oneDNN's sums saturate) our own AVX2 GEMM on 16-bit
+// pairs (madd_gemm below) with that pass. On Zen 5 capped to an AVX-VNNI core (ONEDNN_MAX_CPU_ISA=AVX2_VNNI,
 // MM3_ISA=avx2, an -march=alderlake build) the batch-1 DiT forward ran 7.5-8.9 s in int8 against
-// 21.8 s in fp32 on oneDNN's JIT sgemm (24.9 s on gemm_nt's panels; twenty-first session).
+// 21.8 s in fp32 on oneDNN's JIT sgemm (24.9 s on gemm_nt's panels; twenty-first session); on Zen 4
+// capped to AVX2 alone (an x86-64-v3 build, ONEDNN_MAX_CPU_ISA=AVX2) 13.0 s against 18.3 s on the AVX2
+// GEMM (thirty-sixth session).
 //
 // Why: on 2 Zen 5 cores (AVX512-VNNI, no AMX) oneDNN's int8 brgemm runs the DiT's shapes (M = 1380)
 // at 1.49-1.59 TOP/s against 0.68-0.76 TFLOP/s for bf16 and ~0.37 for fp32 (standalone, medians of 7,
@@ -530,7 +533,10 @@ void vnni_gemm(const ThreadPool&, const uint8_t*, int64_t, int64_t, const int8_t
 // int16 and x's bytes are widened to int16 at every call: VPMADDWD multiplies 16 pairs of int16 and adds
 // each pair into an int32 lane exactly (|pair| <= 2 · 255 · 127), VPADDD into the accumulator, so the
 // sums are acc's of the contract above, bit for bit the VNNI GEMM's: 16 multiply-adds per 2 instructions
-// where an AVX2 FMA does 8 per 1, but VPMADDWD issues on as many ports as the FMA or more.
+// where an AVX2 FMA does 8 per 1, but VPMADDWD issues on as many ports as the FMA or more. On one Zen 4
+// core in L1 the tile's loop ran 93 G multiply-adds/s, the fp32 FMA tile's 58; on two cores the GEMM
+// at ff_out's shape (bench gemm_i8_1380x2048x8192) 316-324 GOP/s, ~0.9 of the VPMADDWD + VPADDD pairs'
+// peak (peak_i8_dot there), against oneDNN's fp32 208 GFLOP/s.
 // Form: panels of kMaddPanel = 16 output columns, [K2 = ceil(K / 2)][16 columns][2 int16 of k] (zero past
 // N and K: twice the int8 bytes, half of fp32's); tiles of up to 6 rows x 16 columns (12 accumulators):
 // per pair of k two 32-byte loads of the panel, a dword broadcast of each row's pair of x. Blocking as
@@ -677,7 +683,7 @@ void madd_gemm(const ThreadPool& pool, const int16_t* x16, int64_t M, int64_t ld
 struct I8Scratch {
   aligned_vector<uint8_t> xq;
   aligned_vector<int16_t> x16;  // xq widened for the madd GEMM (rows of 2 · ceil(K / 2))
-  aligned_vector<int32_t> acc;  // the int32 sums where they go to memory (oneDNN's; two-level forms)
+  aligned_vector<int32_t> acc;  // the int32 sums where they go to memory (oneDNN's, madd's; two-level forms)
   aligned_vector<float> yf;     // floats for glu()'s row pass: [M, N / 2] (GLU-paired forms) or [M, N]
   std::vector<float> sx;
   static bool fused(const I8Form& f) { return f.own && !f.two_level; }
