@@ -220,7 +220,8 @@ TEST(AcousticGolden, DitInt8WithinItsErrorOfTheGoldens) {
     if (!dit.int8_active()) {
       // Every CPU with AVX2 and FMA has an exact int8 GEMM (ours on 16-bit pairs, if nothing better);
       // ctest's golden_dit_int8_avx2_vnni and golden_dit_int8_avx2 run this with our kernels capped at
-      // AVX2 and oneDNN at AVX2_VNNI / AVX2 (MM3_TEST_EXPECT_I8 says which GEMM must then run).
+      // AVX2 and oneDNN at AVX2_VNNI / AVX2 (which GEMM is taken there, the kernel tests check:
+      // KernelsLinearI8.OfferedOnlyWhereItsSumsAreExact).
       if (std::string_view(kern::detail::isa_name()) != "scalar")
         FAIL() << "this CPU has AVX2 and FMA, yet the int8 profile ran fp32";
       GTEST_SKIP() << "no exact int8 GEMM on this CPU (needs AVX2 and FMA): the profile ran fp32";
