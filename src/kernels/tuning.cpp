@@ -65,6 +65,18 @@ const std::vector<KnobInfo>& knobs() {
        {0, 1},
        "decode GEMV on AVX2 of bf16 weights in a bf16 computation: 0 = x read as fp32, 1 = from its exact bf16 "
        "copy (linear.cpp)"},
+      {Knob::I8Kc,
+       "i8_kc",
+       "MM3_I8_KC",
+       {128, 256, 512, 1024, 2048, 8192},
+       "our int8 GEMMs (--dit-gemm int8; AVX512-VNNI and the AVX2 one on 16-bit pairs): k's per block, the "
+       "panel slice a block's tiles run over (the integer sums are exact at every size; gemm_i8.cpp)"},
+      {Knob::I8Mc,
+       "i8_mc",
+       "MM3_I8_MC",
+       {96, 192, 384, 768},
+       "int8 GEMM on AVX512-VNNI: rows of x per block, each block's rows running over a panel's slice before the "
+       "next slice (gemm_i8.cpp vnni_gemm)"},
   };
   return v;
 }
@@ -92,8 +104,8 @@ std::string accepted(const KnobInfo& i) {
 
 // One slot per knob, its first value from the environment (an unset or unrecognised value: -1).
 std::atomic<int>& slot(Knob k) {
-  static std::atomic<int> slots[9] = {-2, -2, -2, -2, -2, -2, -2, -2, -2};
-  static_assert(sizeof(slots) / sizeof(slots[0]) == 9, "one slot per Knob");
+  static std::atomic<int> slots[11] = {-2, -2, -2, -2, -2, -2, -2, -2, -2, -2, -2};
+  static_assert(sizeof(slots) / sizeof(slots[0]) == 11, "one slot per Knob");
   std::atomic<int>& s = slots[static_cast<int>(k)];
   if (s.load(std::memory_order_relaxed) == -2) {
     const KnobInfo& i = info(k);

@@ -25,6 +25,8 @@ enum class Knob {
   WinoTaskKib,    // "wino_task_kib": the fp32 7-tap Winograd's KiB of H rows per task
   Avx2GemvRows,   // "avx2_gemv_rows": the AVX2 decode GEMV's weight rows side by side (1 = one at a time)
   Avx2GemvXb,     // "avx2_gemv_xb": the AVX2 decode GEMV of bf16 weights, 0 = fp32 x, 1 = a bf16 copy of x
+  I8Kc,           // "i8_kc": our int8 GEMMs' k's per block (VNNI: panel slices of 64 x this many bytes)
+  I8Mc,           // "i8_mc": the VNNI int8 GEMM's rows of x per block
 };
 
 struct KnobInfo {

@@ -34,6 +34,7 @@
 
 #include "kernels/kernels.h"
 #include "kernels/ref/ref_kernels.h"
+#include "kernels/tuning.h"
 #include "kernels_util.h"
 
 namespace mm3 {
@@ -107,6 +108,54 @@ TEST(KernelsLinearI8, BitwiseEqualToTheTwinOddSizes) {
           EXPECT_EQ(y.touched_outside(), 0);
           EXPECT_EQ(y.untouched_inside(), 0);
         }
+}
+
+// The block sizes (tuning knobs i8_kc: k's a block, i8_mc: rows a block) change only where the integer
+// sums wait between blocks, so every size gives the twin's bits: with K spanning several blocks at the
+// small sizes (the partial sums reloaded and added to), M several row blocks, through the plain, GLU and
+// residual-add epilogues. The default block (2048 k's) spans the K of every other test here but one, so
+// this is where the partial sums are checked. RED: the partial sums not reloaded on a block after the
+// first fail every case with K > 128 at i8_kc = 128 (and the default's K = 2500 case).
+TEST(KernelsLinearI8, BitwiseEqualToTheTwinAtEveryBlockSize) {
+  using kern::tuning::Knob;
+  const int kc_before = kern::tuning::forced(Knob::I8Kc), mc_before = kern::tuning::forced(Knob::I8Mc);
+  const Case cases[] = {{37, 300, 130}, {200, 1000, 64}, {7, 2500, 128}};
+  ThreadPool pool(2);
+  uint64_t seed = 100;
+  for (const Case& c : cases)
+    for (int form = 0; form < 3; ++form) {  // plain (two-level x, bias), GLU-paired GLU, one-level add
+      Rng rng(seed++);
+      const kern::LinearWeight plain = make_weight(rng, c.N, c.K, /*bias=*/true, DType::F32);
+      const kern::LinearWeight w = kern::gemm_only_i8(plain, pool, {.x_two_level = form == 0, .glu_pairs = form == 1});
+      MM3_REQUIRE_I8(w);
+      const std::vector<float> x = rng.vec(static_cast<size_t>(c.M * c.K), -2.f, 2.f);
+      const std::vector<float> h = rng.vec(static_cast<size_t>(c.M * c.N), -3.f, 3.f);
+      const int64_t F = c.N / 2, width = form == 1 ? F : c.N;
+      std::vector<float> want(static_cast<size_t>(c.M * width));
+      {  // the twin linear_i8, then kern::silu_mul or kern::add (bitwise the epilogues: the tests below)
+        std::vector<float> t(static_cast<size_t>(c.M * c.N));
+        ref::linear_i8(x.data(), c.M, c.K, plain.weight(), plain.bias(), t.data(), c.N, DType::F32,
+                       {.x_two_level = form == 0, .glu_pairs = form == 1});
+        if (form == 0) want = t;
+        for (int64_t m = 0; form == 1 && m < c.M; ++m)
+          kern::silu_mul(t.data() + m * c.N + F, t.data() + m * c.N, want.data() + m * F, F, DType::F32);
+        if (form == 2) kern::add(h.data(), t.data(), want.data(), c.M * c.N, DType::F32);
+      }
+      for (int kc : kern::tuning::knobs()[static_cast<size_t>(Knob::I8Kc)].values)
+        for (int mc : {96, -1}) {
+          SCOPED_TRACE(::testing::Message() << "M=" << c.M << " K=" << c.K << " N=" << c.N << " form=" << form
+                                            << " i8_kc=" << kc << " i8_mc=" << mc);
+          kern::tuning::force(Knob::I8Kc, kc);
+          kern::tuning::force(Knob::I8Mc, mc);
+          std::vector<float> y = form == 2 ? h : std::vector<float>(static_cast<size_t>(c.M * width));
+          if (form == 0) kern::linear(pool, x.data(), c.M, c.K, w, y.data(), c.N, DType::F32);
+          if (form == 1) kern::linear_glu(pool, x.data(), c.M, c.K, w, y.data(), F, DType::F32);
+          if (form == 2) kern::linear_add(pool, x.data(), c.M, c.K, w, y.data(), c.N, DType::F32);
+          EXPECT_EQ(bit_mismatches(y.data(), width, want, c.M, width), 0);
+        }
+    }
+  kern::tuning::force(Knob::I8Kc, kc_before);
+  kern::tuning::force(Knob::I8Mc, mc_before);
 }
 
 // Rows of x and W whose quantized bytes are mostly the extremes: x's at its row maximum (u8 255), W's

@@ -49,6 +49,7 @@
 #include "kernels/cpu/gemm_nt.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/kernels.h"
+#include "kernels/tuning.h"
 
 namespace mm3::kern {
 
@@ -310,13 +311,17 @@ void dequant_row2(const int32_t* acc1, const int32_t* acc2, const int32_t* comp,
 // docs/performance-history.md): the tiles run about as fast as oneDNN's brgemm (~1.5 TOP/s in the
 // DiT's shapes); the DiT's int8 Euler step ~4% faster (alternating binaries), 180 MB less memory.
 // Blocking: threads take panels (each streams its own weights); per block of kMC rows of x and kKC
-// bytes of k the panel's slice (kKC x 64 bytes) stays in L1 across the block's tiles, and the partial
-// sums of a block wider than kKC wait in a per-thread buffer (loop orders, block sizes and fixed
-// chunks tried: within the noise or worse). MM3_I8_GEMM=onednn forces oneDNN's GEMM (with the pass)
-// where both exist, for comparisons.
+// bytes of k the block's tiles run over the panel's slice (kKC x 64 bytes, from L2), and the partial
+// sums of a block wider than kKC wait in a per-thread buffer. kKC was 512 (a 32 KiB slice, for L1) until
+// the thirty-seventh session: on Zen 4, run by run in one process (`--alternate i8_kc=...`), 2048 took
+// the batch-1 int8 forward to 0.967 of 512's time and the Euler step to 0.975 (fewer partial-sum round
+// trips; the K = 2048 GEMMs have none); 256 (a slice that fits Zen 4's 32 KiB L1) 0.998, 8192 no better
+// than 2048, and the rows a block (knob i8_mc, 192-768) made no difference. Zen 5 was not measured at
+// 2048 (its earlier block-size trials, binaries alternating: within the noise). MM3_I8_GEMM=onednn forces
+// oneDNN's GEMM (with the pass) where both exist, for comparisons.
 constexpr int64_t kPanel = 64;
 constexpr int kTileRows = 6;
-constexpr int64_t kMC = 384, kKC = 512;  // rows of x and bytes of k a block (kKC a multiple of 4)
+constexpr int64_t kMCDefault = 384, kKCDefault = 2048;  // rows of x and bytes of k a block (knobs i8_mc, i8_kc)
 
 // MM3_I8_GEMM: "onednn", "avx2" or unset. Read at each packing (not cached), so one process can hold two
 // forms for a comparison; another value is ignored, with a warning (once).
@@ -500,7 +505,9 @@ constexpr VnniTileFn kVnniTiles[kTileRows + 1] = {nullptr,      vnni_tile<1>, vn
 // not depend on the thread count.
 void vnni_gemm(const ThreadPool& pool, const uint8_t* x, int64_t M, int64_t lda, const int8_t* panels, int64_t N,
                int64_t K, const I8Epilogue& e) {
-  const int64_t K4 = (K + 3) / 4, P = (N + kPanel - 1) / kPanel, TB = kKC / 4;
+  const int kc_forced = tuning::forced(tuning::Knob::I8Kc), mc_forced = tuning::forced(tuning::Knob::I8Mc);
+  const int64_t kMC = mc_forced > 0 ? mc_forced : kMCDefault, TB = (kc_forced > 0 ? kc_forced : kKCDefault) / 4;
+  const int64_t K4 = (K + 3) / 4, P = (N + kPanel - 1) / kPanel;
   pool.parallel_for(P, [&](int64_t p0, int64_t p1) {
     thread_local aligned_vector<int32_t> part;
     if (K4 > TB && part.size() < static_cast<size_t>(kMC * kPanel)) part.resize(static_cast<size_t>(kMC * kPanel));
@@ -540,13 +547,15 @@ void vnni_gemm(const ThreadPool&, const uint8_t*, int64_t, int64_t, const int8_t
 // Form: panels of kMaddPanel = 16 output columns, [K2 = ceil(K / 2)][16 columns][2 int16 of k] (zero past
 // N and K: twice the int8 bytes, half of fp32's); tiles of up to 6 rows x 16 columns (12 accumulators):
 // per pair of k two 32-byte loads of the panel, a dword broadcast of each row's pair of x. Blocking as
-// vnni_gemm: threads take panels, per block of kMaddMC rows and kMaddKP pairs the panel's slice (16 KiB)
-// stays in L1 across the block's tiles, the partial sums of a longer K wait in a per-thread buffer. The
+// vnni_gemm: threads take panels, per block of kMaddMC rows and kMaddKP pairs (2048 k's, a 64 KiB slice;
+// knob i8_kc) the block's tiles run over the panel's slice, the partial sums of a longer K wait in a
+// per-thread buffer (capped Zen 4, the batch-1 int8 forward run by run: 2048 k's 0.90-0.97 of the
+// earlier 512's time, 1024 0.97, 8192 0.95). The
 // sums go to memory as int32 (acc) and the row pass (dequant_row / dequant_row2, silu_mul) follows, as
 // with oneDNN's. MM3_I8_GEMM=avx2 takes it wherever the CPU has AVX2 and FMA (for tests and comparisons).
 constexpr int64_t kMaddPanel = 16;
 constexpr int kMaddRows = 6;
-constexpr int64_t kMaddMC = 384, kMaddKP = 256;  // rows of x and pairs of k a block
+constexpr int64_t kMaddMC = 384, kMaddKPDefault = 1024;  // rows of x and pairs of k a block
 
 bool madd_forced() { return i8_gemm_env() == "avx2"; }
 
@@ -653,6 +662,8 @@ constexpr MaddTileFn kMaddTiles[kMaddRows + 1] = {nullptr,      madd_tile<1>, ma
 // panels. Threads take whole panels; every sum is exact, so the bits do not depend on the thread count.
 void madd_gemm(const ThreadPool& pool, const int16_t* x16, int64_t M, int64_t ldx, const int16_t* panels, int64_t N,
                int64_t K, int32_t* acc, int64_t ldacc) {
+  const int kc_forced = tuning::forced(tuning::Knob::I8Kc);
+  const int64_t kMaddKP = kc_forced > 0 ? kc_forced / 2 : kMaddKPDefault;
   const int64_t K2 = (K + 1) / 2, P = (N + kMaddPanel - 1) / kMaddPanel;
   pool.parallel_for(P, [&](int64_t p0, int64_t p1) {
     thread_local aligned_vector<int32_t> part;
