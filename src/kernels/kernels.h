@@ -136,8 +136,8 @@ LinearWeight gemm_strassen_f32(const LinearWeight& w, const ThreadPool& pool, bo
 // the integer products summed exactly in int32, then y = store(fma(float(sum), sx[m]·sw[n], bias[n]))
 // (cpu/gemm_i8.cpp states the scheme exactly; ref::linear_i8 is its scalar twin, bitwise equal). The
 // sums run in our own AVX512-VNNI GEMM, whose tiles apply that epilogue (and linear_glu's GLU) while
-// the sums are in registers, or, where the CPU has only AVX-VNNI (Intel's client cores), in oneDNN's
-// u8 x s8 GEMM followed by a pass over its int32 output, or, where the CPU has no VNNI at all (oneDNN's
+// the sums are in registers, or, where the CPU has AMX-INT8 or only AVX-VNNI (Intel's client cores), in
+// oneDNN's u8 x s8 GEMM followed by a pass over its int32 output, or, where the CPU has no VNNI at all (oneDNN's
 // sums there saturate), in our own AVX2 GEMM on 16-bit pairs (VPMADDWD; the weights held as int16)
 // followed by that pass. Measured on 2 Zen 5 cores at the DiT's shapes, the integer GEMM runs 2.1x
 // oneDNN's bf16 and 4x its fp32. Its error is the quantization's: ~1% relative per product on Gaussian
@@ -178,6 +178,18 @@ const char* i8_gemm_name(const LinearWeight& w);
 // "vnni": its one-level forms keep no int32 sums in memory; "avx2": its weights take twice the int8
 // bytes and x is widened (the memory plan counts on both).
 const char* i8_gemm_engine();
+// What i8_gemm_engine decides from (pick_i8_gemm: the rule alone, so that it can be tested on any CPU).
+struct I8GemmCpu {
+  bool vnni = false;        // our VNNI GEMM runs here (an AVX-512 build, AVX512-VNNI, MM3_ISA allowing it)
+  bool amx_int8 = false;    // AMX-INT8 tiles (MM3_ISA allowing them)
+  bool dnnl_exact = false;  // oneDNN offers an int8 GEMM whose sums its probe found exact (not MM3_ONEDNN=0)
+  bool avx2_fma = false;    // our AVX2 GEMM on 16-bit pairs runs here
+};
+// env: MM3_I8_GEMM's value ("vnni", "onednn", "avx2" or empty), honoured where that GEMM runs. Unforced:
+// oneDNN's where the CPU has AMX-INT8 (its brgemm runs on the tiles: by Intel's figures 1024 int8
+// multiply-adds a cycle and core, against AVX512-VNNI's 128), else ours on VNNI, else oneDNN's (AVX-VNNI),
+// else ours on AVX2.
+const char* pick_i8_gemm(const I8GemmCpu& cpu, std::string_view env);
 
 // The rotation gemm_only_i8 applies (I8Options::rotate): v[k] *= rotation_sign(k) for k < n, then the
 // unnormalized Walsh-Hadamard transform in place (Sylvester order: stages h = 1, 2, 4, .., n/2, each

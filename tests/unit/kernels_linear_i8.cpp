@@ -188,16 +188,19 @@ TEST(KernelsLinearI8, ExactOnTheBytesThatSaturateAPairSum) {
 }
 
 // Which GEMM ctest's capped and forced runs must get (MM3_TEST_EXPECT_I8, set by tests/CMakeLists.txt
-// beside ONEDNN_MAX_CPU_ISA or MM3_I8_GEMM): "onednn" (AVX2_VNNI on a CPU with AVX-VNNI) or "avx2" (ours
-// on 16-bit pairs: under ONEDNN_MAX_CPU_ISA=AVX2 oneDNN's int8 GEMM saturates and must be refused).
+// beside ONEDNN_MAX_CPU_ISA or MM3_I8_GEMM): "onednn" (AVX2_VNNI on a CPU with AVX-VNNI), "avx2" (ours
+// on 16-bit pairs: under ONEDNN_MAX_CPU_ISA=AVX2 oneDNN's int8 GEMM saturates and must be refused) or
+// "vnni" (MM3_I8_GEMM=vnni: ours, which an AMX-INT8 CPU otherwise leaves for oneDNN's).
 // RED: oneDNN's probe forced true, the AVX2 run gets oneDNN's form.
 TEST(KernelsLinearI8, OfferedOnlyWhereItsSumsAreExact) {
   const char* e = std::getenv("MM3_TEST_EXPECT_I8");
   if (!e || !*e)
-    GTEST_SKIP() << "MM3_TEST_EXPECT_I8 unset: this one runs in ctest's kernels_i8_onednn_avx2_vnni and "
-                    "kernels_i8_avx2* (which GEMM must be taken)";
+    GTEST_SKIP() << "MM3_TEST_EXPECT_I8 unset: this one runs in ctest's kernels_i8_onednn_avx2_vnni, "
+                    "kernels_i8_avx2* and kernels_i8_vnni_native (which GEMM must be taken)";
   const std::string want(e);
-  ASSERT_TRUE(want == "onednn" || want == "avx2") << "MM3_TEST_EXPECT_I8=" << want;
+  ASSERT_TRUE(want == "onednn" || want == "avx2" || want == "vnni") << "MM3_TEST_EXPECT_I8=" << want;
+  if (want == "vnni" && !__builtin_cpu_supports("avx512vnni"))
+    GTEST_SKIP() << "no AVX512-VNNI on this CPU: our VNNI GEMM cannot be taken";
   // "onednn" comes with ONEDNN_MAX_CPU_ISA=AVX2_VNNI and MM3_ISA=avx2, where AVX512-VNNI is out of reach
   // (Zen 4 has only that one: oneDNN then falls to AVX2's saturating kernel and must be refused).
   // "avx2" comes with ONEDNN_MAX_CPU_ISA=AVX2 (oneDNN's VPMADDUBSW pair sums saturate: refused, so our
@@ -211,6 +214,33 @@ TEST(KernelsLinearI8, OfferedOnlyWhereItsSumsAreExact) {
   const kern::LinearWeight w = kern::gemm_only_i8(make_weight(rng, 40, 300, true, DType::F32), pool);
   EXPECT_EQ(w.gemm_kind(), kern::GemmKind::I8) << "an exact int8 GEMM should be offered here";
   EXPECT_STREQ(kern::i8_gemm_name(w), want.c_str()) << "the int8 GEMM taken";
+}
+
+// The rule i8_gemm_engine applies, on every combination of what a CPU offers. Unforced: oneDNN's where
+// AMX-INT8 is (its brgemm on the tiles), ours on AVX512-VNNI, oneDNN's on AVX-VNNI, ours on AVX2; a
+// forced GEMM only where it runs. RED: the order before the thirty-seventh session (ours on VNNI first)
+// fails the AMX rows.
+TEST(KernelsI8Gemm, PickTakesTheFastestExactGemmAndHonoursTheForcedOne) {
+  using C = kern::I8GemmCpu;
+  const C sapphire{.vnni = true, .amx_int8 = true, .dnnl_exact = true, .avx2_fma = true};
+  const C zen4{.vnni = true, .dnnl_exact = true, .avx2_fma = true};
+  const C alder{.dnnl_exact = true, .avx2_fma = true};  // AVX-VNNI: oneDNN's gemm:jit
+  const C zen3{.avx2_fma = true};
+  EXPECT_STREQ(kern::pick_i8_gemm(sapphire, ""), "onednn");
+  EXPECT_STREQ(kern::pick_i8_gemm(sapphire, "vnni"), "vnni");
+  EXPECT_STREQ(kern::pick_i8_gemm(sapphire, "avx2"), "avx2");
+  EXPECT_STREQ(kern::pick_i8_gemm({.vnni = true, .amx_int8 = true, .avx2_fma = true}, ""), "vnni")
+      << "AMX without an exact oneDNN GEMM (MM3_ONEDNN=0): ours";
+  EXPECT_STREQ(kern::pick_i8_gemm(zen4, ""), "vnni");
+  EXPECT_STREQ(kern::pick_i8_gemm(zen4, "onednn"), "onednn");
+  EXPECT_STREQ(kern::pick_i8_gemm(zen4, "avx2"), "avx2");
+  EXPECT_STREQ(kern::pick_i8_gemm(alder, ""), "onednn");
+  EXPECT_STREQ(kern::pick_i8_gemm(alder, "vnni"), "onednn") << "forced where it cannot run: the unforced choice";
+  EXPECT_STREQ(kern::pick_i8_gemm(alder, "avx2"), "avx2");
+  EXPECT_STREQ(kern::pick_i8_gemm(zen3, ""), "avx2");
+  EXPECT_STREQ(kern::pick_i8_gemm(zen3, "onednn"), "avx2");
+  EXPECT_STREQ(kern::pick_i8_gemm(C{}, ""), "");
+  EXPECT_STREQ(kern::pick_i8_gemm(C{}, "avx2"), "");
 }
 
 TEST(KernelsLinearI8, ZeroAndNonFiniteRows) {

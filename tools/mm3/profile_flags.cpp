@@ -20,15 +20,16 @@ void add_profile_flags(CLI::App& sub, ProfileArgs& a) {
                  "the same seed then samples a different song, see README 'Quantized LM + depth decoder'). Default: "
                  "the checkpoint's own (mm3-quant/default.json, written by `mm3 quantize`), else bf16. Without a "
                  "sidecar from `mm3 quantize` the weights are quantized at load");
-  sub.add_option("--dit-gemm", a.dit_gemm,
-                 "The DiT's block GEMMs (q|k|v, o, ff_in, ff_out): exact (default; fp32 or bf16 per "
-                 "--acoustic-precision) or int8 (opt-in, with --acoustic-precision f32: weights and each token's "
-                 "activations Hadamard-rotated, then on 127 levels, exact integer GEMMs: AVX512-VNNI or AVX-VNNI, "
-                 "else AVX2 on 16-bit pairs; measured on Zen 5 an Euler step ~3.5x faster than f32 and ~1.9x than "
-                 "bf16; with AVX2 + AVX-VNNI only (Intel laptops from 12th gen on, where bf16 is no faster than "
-                 "f32) ~3.4x faster than f32 on Zen 5 capped to that; with AVX2 alone ~1.5x on Zen 4 capped to "
-                 "that, half the fp32 weights' memory), its velocity ~2x further from f32's than bf16's on random "
-                 "weights; quality on the real weights unmeasured, see README 'Compute profiles')");
+  sub.add_option(
+      "--dit-gemm", a.dit_gemm,
+      "The DiT's block GEMMs (q|k|v, o, ff_in, ff_out): exact (default; fp32 or bf16 per "
+      "--acoustic-precision) or int8 (opt-in, with --acoustic-precision f32: weights and each token's "
+      "activations Hadamard-rotated, then on 127 levels, exact integer GEMMs: AMX-INT8, AVX512-VNNI or AVX-VNNI, "
+      "else AVX2 on 16-bit pairs; measured on Zen 5 an Euler step ~3.5x faster than f32 and ~1.9x than "
+      "bf16; with AVX2 + AVX-VNNI only (Intel laptops from 12th gen on, where bf16 is no faster than "
+      "f32) ~3.4x faster than f32 on Zen 5 capped to that; with AVX2 alone ~1.5x on Zen 4 capped to "
+      "that, half the fp32 weights' memory), its velocity ~2x further from f32's than bf16's on random "
+      "weights; quality on the real weights unmeasured, see README 'Compute profiles')");
 }
 
 void apply_profile_flags(const ProfileArgs& a, PipelineOptions& popt) {

@@ -1,14 +1,18 @@
 // gemm_i8.cpp — kern::gemm_only_i8 (kernels.h): W8A8 linear layers, the weights quantized once per
-// output row, the activations per row at every call, the integer GEMM our own where the CPU has
-// AVX512-VNNI (vnni_gemm below: the scales, bias, residual add or GLU applied in its tiles' epilogue),
-// else oneDNN's u8 x s8 -> s32 matmul (gemm:jit where the CPU has only AVX-VNNI, as Intel's client cores
-// from Alder Lake on; brgemm with AVX512-VNNI under MM3_I8_GEMM=onednn) with the scales applied here in a
-// pass over its output, else (no VNNI at all, where oneDNN's sums saturate) our own AVX2 GEMM on 16-bit
-// pairs (madd_gemm below) with that pass. On Zen 5 capped to an AVX-VNNI core (ONEDNN_MAX_CPU_ISA=AVX2_VNNI,
-// MM3_ISA=avx2, an -march=alderlake build) the batch-1 DiT forward ran 7.5-8.9 s in int8 against
-// 21.8 s in fp32 on oneDNN's JIT sgemm (24.9 s on gemm_nt's panels; twenty-first session); on Zen 4
-// capped to AVX2 alone (an x86-64-v3 build, ONEDNN_MAX_CPU_ISA=AVX2) 13.0 s against 18.3 s on the AVX2
-// GEMM (thirty-sixth session).
+// output row, the activations per row at every call, the integer GEMM (kern::pick_i8_gemm) oneDNN's
+// where the CPU has AMX-INT8 (its brgemm on the tiles), else our own where the CPU has AVX512-VNNI
+// (vnni_gemm below: the scales, bias, residual add or GLU applied in its tiles' epilogue), else oneDNN's
+// u8 x s8 -> s32 matmul (gemm:jit where the CPU has only AVX-VNNI, as Intel's client cores from Alder
+// Lake on; brgemm with AVX512-VNNI under MM3_I8_GEMM=onednn) with the scales applied here in a pass over
+// its output, else (no VNNI at all, where oneDNN's sums saturate) our own AVX2 GEMM on 16-bit pairs
+// (madd_gemm below) with that pass. The AMX choice is unmeasured (no AMX machine drawn since the int8
+// profile exists): by Intel's figures a core's tiles run 1024 int8 multiply-adds a cycle, AVX512-VNNI 128,
+// and oneDNN's bf16 GEMM (the bf16 profile) already ran on the tiles, so our VNNI GEMM there made the
+// int8 profile the slower one. MM3_I8_GEMM=vnni takes ours anyway, for the comparison. On Zen 5 capped to an AVX-VNNI
+// core (ONEDNN_MAX_CPU_ISA=AVX2_VNNI, MM3_ISA=avx2, an -march=alderlake build) the batch-1 DiT forward ran 7.5-8.9 s in
+// int8 against 21.8 s in fp32 on oneDNN's JIT sgemm (24.9 s on gemm_nt's panels; twenty-first session); on Zen 4 capped
+// to AVX2 alone (an x86-64-v3 build, ONEDNN_MAX_CPU_ISA=AVX2) 13.0 s against 18.3 s on the AVX2 GEMM (thirty-sixth
+// session).
 //
 // Why: on 2 Zen 5 cores (AVX512-VNNI, no AMX) oneDNN's int8 brgemm runs the DiT's shapes (M = 1380)
 // at 1.49-1.59 TOP/s against 0.68-0.76 TFLOP/s for bf16 and ~0.37 for fp32 (standalone, medians of 7,
@@ -323,23 +327,24 @@ constexpr int64_t kPanel = 64;
 constexpr int kTileRows = 6;
 constexpr int64_t kMCDefault = 384, kKCDefault = 2048;  // rows of x and bytes of k a block (knobs i8_mc, i8_kc)
 
-// MM3_I8_GEMM: "onednn", "avx2" or unset. Read at each packing (not cached), so one process can hold two
-// forms for a comparison; another value is ignored, with a warning (once).
+// MM3_I8_GEMM: "vnni", "onednn", "avx2" or unset. Read at each packing (not cached), so one process can
+// hold two forms for a comparison; another value is ignored, with a warning (once).
 std::string_view i8_gemm_env() {
   const char* e = std::getenv("MM3_I8_GEMM");
   if (!e || !*e) return {};
   const std::string_view v(e);
-  if (v == "onednn" || v == "avx2") return v;
+  if (v == "vnni" || v == "onednn" || v == "avx2") return v;
   static std::atomic<bool> warned{false};
   if (!warned.exchange(true))
-    fmt::print(stderr, "mm3: MM3_I8_GEMM={} is not a known value (onednn, avx2); ignored\n", v);
+    fmt::print(stderr, "mm3: MM3_I8_GEMM={} is not a known value (vnni, onednn, avx2); ignored\n", v);
   return {};
 }
 
-// Needs a build with AVX-512 code (vnni_gemm; a build for an AVX2 target has only oneDNN's and madd_gemm).
-bool own_i8_gemm() {
+// Our VNNI GEMM needs a build with AVX-512 code (a build for an AVX2 target has only oneDNN's and
+// madd_gemm).
+bool vnni_gemm_runs() {
 #if defined(__AVX512F__)
-  return detail::cpu_has_avx512vnni() && i8_gemm_env().empty();
+  return detail::cpu_has_avx512vnni();
 #else
   return false;
 #endif
@@ -556,8 +561,6 @@ void vnni_gemm(const ThreadPool&, const uint8_t*, int64_t, int64_t, const int8_t
 constexpr int64_t kMaddPanel = 16;
 constexpr int kMaddRows = 6;
 constexpr int64_t kMaddMC = 384, kMaddKPDefault = 1024;  // rows of x and pairs of k a block
-
-bool madd_forced() { return i8_gemm_env() == "avx2"; }
 
 // Panels of the s8 weights q [N, K] widened to int16 (zero weights past N and K). Every value is written.
 aligned_buffer<int16_t> pack_madd_panels(const ThreadPool& pool, const int8_t* q, int64_t N, int64_t K, size_t& bytes) {
@@ -806,11 +809,22 @@ struct I8Scratch {
 
 }  // namespace
 
+const char* pick_i8_gemm(const I8GemmCpu& cpu, std::string_view env) {
+  if (env == "vnni" && cpu.vnni) return "vnni";
+  if (env == "onednn" && cpu.dnnl_exact) return "onednn";
+  if (env == "avx2" && cpu.avx2_fma) return "avx2";
+  if (cpu.amx_int8 && cpu.dnnl_exact) return "onednn";
+  if (cpu.vnni) return "vnni";
+  if (cpu.dnnl_exact) return "onednn";
+  return cpu.avx2_fma ? "avx2" : "";
+}
+
 const char* i8_gemm_engine() {
-  if (own_i8_gemm()) return "vnni";
-  const bool madd_ok = detail::cpu_has_avx2_fma();
-  if (!(madd_ok && madd_forced()) && detail::dnnl_i8_offered()) return "onednn";
-  return madd_ok ? "avx2" : "";
+  const I8GemmCpu cpu{.vnni = vnni_gemm_runs(),
+                      .amx_int8 = detail::cpu_has_amx_int8(),
+                      .dnnl_exact = detail::dnnl_i8_offered(),
+                      .avx2_fma = detail::cpu_has_avx2_fma()};
+  return pick_i8_gemm(cpu, i8_gemm_env());
 }
 
 const char* i8_gemm_name(const LinearWeight& w) {
@@ -858,13 +872,13 @@ LinearWeight gemm_only_i8(const LinearWeight& w, const ThreadPool& pool, I8Optio
     throw BadModel(
         fmt::format("gemm_only_i8: weight row {} of [{}, {}] holds a non-finite value", bad_row.load(), N, K));
   size_t bytes = 0;
-  if (own_i8_gemm()) {
+  const std::string_view engine = i8_gemm_engine();
+  if (engine == "vnni") {
     f->glu_pairs = opt.glu_pairs && N % (2 * kPanel) == 0;
     f->panels = pack_i8_panels(pool, q.get(), N, K, f->glu_pairs, f->panel_bytes);
     f->own = true;
     bytes = f->panel_bytes;
   } else {
-    const std::string_view engine = i8_gemm_engine();
     if (engine == "onednn") f->dnnl = detail::dnnl_pack_i8(q.get(), N, K, bytes);
     if (!f->dnnl) {
       // no exact int8 GEMM here: the caller keeps its own form

@@ -94,6 +94,11 @@ bool cpu_has_amx_bf16() {
       isa_cap() >= IsaCap::Amx && __builtin_cpu_supports("amx-bf16") && __builtin_cpu_supports("amx-tile");
   return v;
 }
+bool cpu_has_amx_int8() {
+  static const bool v =
+      isa_cap() >= IsaCap::Amx && __builtin_cpu_supports("amx-int8") && __builtin_cpu_supports("amx-tile");
+  return v;
+}
 bool cpu_has_avx512vnni() {
   static const bool v = cpu_has_avx512() && __builtin_cpu_supports("avx512vnni");
   return v;

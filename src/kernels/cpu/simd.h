@@ -31,6 +31,7 @@ bool cpu_has_avx512bf16();
 bool cpu_has_avx512();
 bool cpu_has_avx2_fma();
 bool cpu_has_amx_bf16();  // AMX-BF16 tiles (oneDNN's brgemm then runs bf16 GEMMs on them)
+bool cpu_has_amx_int8();  // AMX-INT8 tiles (oneDNN's brgemm then runs int8 GEMMs on them)
 bool cpu_has_avx512vnni();  // AVX-512 and its VPDPBUSD (the int8 decode GEMV, gemm_i8.cpp's GEMM)
 // All five honour MM3_ISA (a cap, see linear.cpp). isa_name(): the best level they allow.
 const char* isa_name();
