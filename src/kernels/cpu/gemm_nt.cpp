@@ -27,7 +27,12 @@ constexpr int kMR = 8;     // rows per register tile (AVX-512 and portable tiles
 constexpr int kMR2 = 6;    // rows per AVX2 tile: two 6 x 16 passes over a 32-column strip
 constexpr int kNR = 32;    // columns per register tile (two zmm)
 constexpr int kKC = 256;   // k per packed block (even: bf16 pairs never straddle blocks)
-constexpr int kKC2 = 128;  // the AVX2 tiles' block: a 32-column strip of it (16 KiB) stays in a 32 KiB L1
+// The AVX2 tiles' block: a 32-column strip of it is 32 KiB. It was 128 (16 KiB, to stay in a 32 KiB L1)
+// until the thirty-seventh session: on Zen 4 capped to AVX2 (x86-64-v3 build, MM3_ISA=avx2), binaries
+// alternating x3, gemm_f32_689x2048x8192 read 173-185 GFLOP/s at 256 and 512 against 155-179 at 128 and
+// 139-170 at 64 (half the partial-sum round trips through C); prefill_512 85.4 / 90.3 s against 92.1 /
+// 88.8 s (within this host's noise).
+constexpr int kKC2 = 256;
 constexpr int kNC = 128;   // columns per packed panel (4 strips; 128 KiB of f32 at KC = 256)
 static_assert(kNR == kStripRows && kNC % kStripRows == 0, "strips.h's strips are the tiles' 32-column strips");
 
@@ -871,7 +876,7 @@ void gemm_ex(const ThreadPool& pool, const float* A, int64_t a_rs, int64_t a_cs,
           else
             tf[r - 1](A + m0 * a_rs + k0 * a_cs, a_rs, a_cs, bp + s * kc * kNR, ta);
         };
-        // The AVX2 tiles walk each B strip (16 KiB) down all row blocks, so it stays in L1 while the
+        // The AVX2 tiles walk each B strip (32 KiB) down all row blocks, so it is reused from L1 / L2 while the
         // packed A streams in order; the AVX-512 ones walk the strips of each row block.
         if (pack_a)
           for (int64_t s = 0; s < strips; ++s)
