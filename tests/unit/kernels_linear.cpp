@@ -431,7 +431,8 @@ TEST(KernelsLinear, GemmIsOneSequentialFmaChain) {
                          {37, 700, 130},
                          {6, 513, 17},
                          {10, 129, 40},  // row tails of 4 for the 6-row AVX2 tile
-                         {22, 136, 47}})
+                         {22, 136, 47},
+                         {7, 2100, 40}})  // K over 2 blocks of every tile (1024; AVX2: 256)
     for (DType wdt : {DType::F32, DType::BF16})
       for (DType store : {DType::F32, DType::BF16}) {
         if (wdt == DType::BF16 && store == DType::BF16) continue;  // bf16 pair dots where the CPU has them
@@ -471,7 +472,8 @@ TEST(KernelsLinear, PrepackedF32IsOneSequentialFmaChain) {
                          {4, 129, 300},
                          {5, 1, 3},
                          {13, 513, 161},
-                         {37, 300, 256}})
+                         {37, 300, 256},
+                         {3, 2100, 70}})
     for (bool with_bias : {false, true}) {
       SCOPED_TRACE(::testing::Message() << "M=" << M << " K=" << K << " N=" << N << " bias=" << with_bias);
       const kern::LinearWeight plain = make_weight(rng, N, K, DType::F32, with_bias, DType::F32);
@@ -734,7 +736,7 @@ TEST(KernelsPack, Bf16PanelsFromF32EqualConvertThenPack) {
 // gemm_bf16_packed_serial (the DiT attention's bf16 products, on its 6 x 64 tiles) against gemm_ex's bf16
 // form (the 8 x 32 tiles): the same pair-dot chain for every output, so the same bits. Odd M around the
 // 6-row tile, N around the 32-column strips, strip pairs (a lone last strip) and the 128-column panels,
-// odd K and K across the 256-k blocks (partial sums reloaded), store F32 and BF16; only C's M x N entries
+// odd K and K across the 1024-k blocks (partial sums reloaded), store F32 and BF16; only C's M x N entries
 // written (strided C). Skipped without AVX512-BF16. RED: the second strip's pointer one strip off; its
 // columns not masked past N (writes outside C); the last k block not flagged (BF16 rounding skipped).
 TEST(KernelsGemm, Bf16PackedSerialEqualsTheBf16GemmForm) {
@@ -743,7 +745,7 @@ TEST(KernelsGemm, Bf16PackedSerialEqualsTheBf16GemmForm) {
   ThreadPool pool(1);
   for (const int64_t M : {1, 5, 6, 7, 13, 128})
     for (const int64_t N : {1, 31, 33, 64, 65, 96, 129, 690})
-      for (const int64_t K : {1, 2, 63, 64, 257, 512, 600})
+      for (const int64_t K : {1, 2, 63, 64, 257, 600, 2100})
         for (const DType store : {DType::F32, DType::BF16}) {
           SCOPED_TRACE(::testing::Message()
                        << "M=" << M << " N=" << N << " K=" << K << " store=" << test::store_name(store));
@@ -779,7 +781,7 @@ TEST(KernelsPack, F32PanelsPartsMakeTheWhole) {
   Rng rng(92);
   for (const bool kmajor : {false, true})
     for (const int64_t N : {1, 7, 31, 33, 64, 129, 300})
-      for (const int64_t K : {1, 3, 33, 64, 255, 256, 257, 513}) {
+      for (const int64_t K : {1, 3, 33, 64, 255, 256, 257, 513, 1100}) {
         SCOPED_TRACE(::testing::Message() << "kmajor=" << kmajor << " N=" << N << " K=" << K);
         const int64_t rows = kmajor ? K : N, cols = kmajor ? N : K, ld = cols + 3;
         const std::vector<float> B = rng.vec(static_cast<size_t>(rows * ld), -3.f, 3.f);

@@ -26,14 +26,20 @@ namespace {
 constexpr int kMR = 8;     // rows per register tile (AVX-512 and portable tiles)
 constexpr int kMR2 = 6;    // rows per AVX2 tile: two 6 x 16 passes over a 32-column strip
 constexpr int kNR = 32;    // columns per register tile (two zmm)
-constexpr int kKC = 256;   // k per packed block (even: bf16 pairs never straddle blocks)
+// k per packed block (even: bf16 pairs never straddle blocks). It was 256 until the thirty-seventh
+// session: on Zen 4 (AVX512-BF16), binaries alternating, prefill_512 (the bf16 tile) 35.4 / 36.4 / 40.2 s
+// at 1024 against 39.2 / 38.4 s at 256 (512: 37.5, 2048: 36.9; one run each, this host's noise ~8%), and
+// gemm_bf16_689x2048x8192 310 -> 358 GFLOP/s (medians of 5 alternating sets): a fourth of the partial
+// sums' round trips through C. The fp32 AVX-512 tile's gemm_f32_689x2048x8192 193 / 180 / 186 -> 199 /
+// 194 / 198 GFLOP/s.
+constexpr int kKC = 1024;
 // The AVX2 tiles' block: a 32-column strip of it is 32 KiB. It was 128 (16 KiB, to stay in a 32 KiB L1)
 // until the thirty-seventh session: on Zen 4 capped to AVX2 (x86-64-v3 build, MM3_ISA=avx2), binaries
 // alternating x3, gemm_f32_689x2048x8192 read 173-185 GFLOP/s at 256 and 512 against 155-179 at 128 and
 // 139-170 at 64 (half the partial-sum round trips through C); prefill_512 85.4 / 90.3 s against 92.1 /
 // 88.8 s (within this host's noise).
 constexpr int kKC2 = 256;
-constexpr int kNC = 128;   // columns per packed panel (4 strips; 128 KiB of f32 at KC = 256)
+constexpr int kNC = 128;  // columns per packed panel (4 strips; 512 KiB of f32 at KC = 1024)
 static_assert(kNR == kStripRows && kNC % kStripRows == 0, "strips.h's strips are the tiles' 32-column strips");
 
 struct TileArgs {
