@@ -1216,18 +1216,28 @@ void quant_gemm(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx, 
   MM3_CHECK(M >= 0 && ldx >= K && ldy >= N, "quant_gemm: M={} ldx={} ldy={} for [{}, {}]", M, ldx, ldy, N, K);
   if (M == 0) return;
   const bool bf16 = store == DType::BF16;  // gemm_nt falls back to fp32 FMAs without AVX512-BF16
-  // Panels of ~4 MiB of dequantized weights, a multiple of the GEMM's 128-column panels.
-  const int64_t elt = bf16 ? 2 : 4;
-  const int64_t np = std::clamp<int64_t>((4 << 20) / (K * elt) / 128 * 128, 128, std::max<int64_t>(128, N));
-  std::vector<float> pf(static_cast<size_t>(std::min(np, N) * K));
-  std::vector<uint16_t> ph(bf16 ? pf.size() : 0);
+  // Panels of dequantized weights, a multiple of the GEMM's 128-column panels: ~16 MiB of bf16 (each
+  // GEMM call converts x to bf16 again, so fewer, larger panels; 4 MiB before the thirty-seventh
+  // session), ~4 MiB of fp32. bf16 rows pass through a row of fp32 in the worker's cache, not a panel.
+  const int64_t np = std::clamp<int64_t>((bf16 ? (16 << 20) / (K * 2) : (4 << 20) / (K * 4)) / 128 * 128, 128,
+                                         std::max<int64_t>(128, N));
+  std::vector<float> pf(bf16 ? 0 : static_cast<size_t>(std::min(np, N) * K));
+  std::vector<uint16_t> ph(bf16 ? static_cast<size_t>(std::min(np, N) * K) : 0);
   for (int64_t n0 = 0; n0 < N; n0 += np) {
     const int64_t n1 = std::min(N, n0 + np);
     pool.parallel_for(
         n1 - n0,
         [&](int64_t a, int64_t b) {
-          dequantize_rows(w, n0 + a, n0 + b, pf.data() + a * K, K);
-          if (bf16) f32_to_bf16(pf.data() + a * K, ph.data() + a * K, static_cast<size_t>((b - a) * K));
+          if (!bf16) {
+            dequantize_rows(w, n0 + a, n0 + b, pf.data() + a * K, K);
+            return;
+          }
+          thread_local aligned_vector<float> row;
+          if (row.size() < static_cast<size_t>(K)) row.resize(static_cast<size_t>(K));
+          for (int64_t r = a; r < b; ++r) {
+            dequantize_rows(w, n0 + r, n0 + r + 1, row.data(), K);
+            f32_to_bf16(row.data(), ph.data() + r * K, static_cast<size_t>(K));
+          }
         },
         std::max<int64_t>(1, 16384 / K));
     if (bf16)
