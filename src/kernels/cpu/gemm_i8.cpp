@@ -7,11 +7,12 @@
 // its output, else (no VNNI at all, where oneDNN's sums saturate) our own AVX2 GEMM on 16-bit pairs
 // (madd_gemm below) with that pass. The AMX choice is unmeasured (no AMX machine drawn since the int8
 // profile exists): by Intel's figures a core's tiles run 1024 int8 multiply-adds a cycle, AVX512-VNNI 128,
-// and oneDNN's bf16 GEMM (the bf16 profile) already ran on the tiles, so our VNNI GEMM there made the
-// int8 profile the slower one. MM3_I8_GEMM=vnni takes ours anyway, for the comparison. On Zen 5 capped to an AVX-VNNI
-// core (ONEDNN_MAX_CPU_ISA=AVX2_VNNI, MM3_ISA=avx2, an -march=alderlake build) the batch-1 DiT forward ran 7.5-8.9 s in
-// int8 against 21.8 s in fp32 on oneDNN's JIT sgemm (24.9 s on gemm_nt's panels; twenty-first session); on Zen 4 capped
-// to AVX2 alone (an x86-64-v3 build, ONEDNN_MAX_CPU_ISA=AVX2) 13.0 s against 18.3 s on the AVX2 GEMM (thirty-sixth
+// and oneDNN's bf16 GEMM (the bf16 profile) already ran on the tiles (512 bf16 multiply-adds), so by
+// those figures our VNNI GEMM left the int8 profile a quarter of the bf16 profile's GEMM peak there.
+// MM3_I8_GEMM=vnni takes ours anyway, for the comparison. On Zen 5 capped to an AVX-VNNI core
+// (ONEDNN_MAX_CPU_ISA=AVX2_VNNI, MM3_ISA=avx2, an -march=alderlake build) the batch-1 DiT forward ran 7.5-8.9 s in int8
+// against 21.8 s in fp32 on oneDNN's JIT sgemm (24.9 s on gemm_nt's panels; twenty-first session); on Zen 4 capped to
+// AVX2 alone (an x86-64-v3 build, ONEDNN_MAX_CPU_ISA=AVX2) 13.0 s against 18.3 s on the AVX2 GEMM (thirty-sixth
 // session).
 //
 // Why: on 2 Zen 5 cores (AVX512-VNNI, no AMX) oneDNN's int8 brgemm runs the DiT's shapes (M = 1380)
