@@ -250,6 +250,13 @@ nlohmann::ordered_json result_json(const StageResult& r, int threads) {
   j["setup_s"] = r.setup_s;
   j["threads"] = threads;
   j["isa"] = kern::detail::isa_name();  // the kernels' dispatch level (MM3_ISA may cap it)
+  // How the bf16 pair dots run where the CPU has AVX512-BF16: "fma" (two FMAs a pair, where the probe
+  // finds VDPBF16PS slow, or the knob bf16_dot=0), "vdpbf16ps"; absent without AVX512-BF16. The cost:
+  // one VDPBF16PS's time over one FMA's (linear.cpp cpu_bf16_dot_slow: slow above 2.5).
+  if (kern::detail::cpu_has_avx512bf16()) {
+    j["bf16_dot"] = kern::detail::bf16_dot_fma() ? "fma" : "vdpbf16ps";
+    j["bf16_dot_cost"] = std::round(kern::detail::bf16_dot_cost() * 100) / 100;  // the probe's time ratio
+  }
   // How libgomp's threads (oneDNN's) wait between calls; the mm3 command sets PASSIVE when unset.
   const char* wait = std::getenv("OMP_WAIT_POLICY");
   j["omp_wait_policy"] = wait ? wait : "unset";

@@ -77,6 +77,14 @@ const std::vector<KnobInfo>& knobs() {
        {96, 192, 384, 768},
        "int8 GEMM on AVX512-VNNI: rows of x per block, each block's rows running over a panel's slice before the "
        "next slice (gemm_i8.cpp vnni_gemm)"},
+      {Knob::Bf16Dot,
+       "bf16_dot",
+       "MM3_BF16_DOT",
+       {0, 1},
+       "bf16 pair dots (AVX512-BF16: the decode GEMV on the strip form, the bf16 GEMM tile of the LM prefill): "
+       "0 = each pair as two fp32 FMAs in VDPBF16PS's order and rounding (the same bits), 1 = VDPBF16PS; "
+       "unforced, the FMAs where a probe finds VDPBF16PS slower than two FMAs (strips.cpp, gemm_nt.cpp, "
+       "linear.cpp cpu_bf16_dot_slow)"},
   };
   return v;
 }
@@ -104,8 +112,8 @@ std::string accepted(const KnobInfo& i) {
 
 // One slot per knob, its first value from the environment (an unset or unrecognised value: -1).
 std::atomic<int>& slot(Knob k) {
-  static std::atomic<int> slots[11] = {-2, -2, -2, -2, -2, -2, -2, -2, -2, -2, -2};
-  static_assert(sizeof(slots) / sizeof(slots[0]) == 11, "one slot per Knob");
+  static std::atomic<int> slots[12] = {-2, -2, -2, -2, -2, -2, -2, -2, -2, -2, -2, -2};
+  static_assert(sizeof(slots) / sizeof(slots[0]) == 12, "one slot per Knob");
   std::atomic<int>& s = slots[static_cast<int>(k)];
   if (s.load(std::memory_order_relaxed) == -2) {
     const KnobInfo& i = info(k);

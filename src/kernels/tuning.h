@@ -27,6 +27,7 @@ enum class Knob {
   Avx2GemvXb,     // "avx2_gemv_xb": the AVX2 decode GEMV of bf16 weights, 0 = fp32 x, 1 = a bf16 copy of x
   I8Kc,           // "i8_kc": our int8 GEMMs' k's per block (VNNI: panel slices of 64 x this many bytes)
   I8Mc,           // "i8_mc": the VNNI int8 GEMM's rows of x per block
+  Bf16Dot,        // "bf16_dot": bf16 pair dots (strip GEMV, gemm_ex tile), 0 = two fp32 FMAs a pair, 1 = VDPBF16PS
 };
 
 struct KnobInfo {

@@ -5,11 +5,14 @@
 
 #include <cmath>
 #include <cstring>
+#include <iostream>
 #include <vector>
 
+#include "kernels/cpu/simd.h"
 #include "kernels/cpu/strips.h"
 #include "kernels/kernels.h"
 #include "kernels/ref/ref_kernels.h"
+#include "kernels/tuning.h"
 #include "kernels_util.h"
 
 namespace mm3 {
@@ -155,6 +158,166 @@ TEST(KernelsStrips, MultiEqualsSeparateLinears) {
         EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0) << pool->size() << " thread(s)";
       }
     }
+}
+
+// VDPBF16PS's step on one lane as the FMA forms compute it (strips.cpp gemv_bf16fma_g): the high
+// halves' (odd k's) product added, then the low halves', each rounded once, denormal operands read as
+// zero and denormal results flushed (DAZ, FTZ), spelled out here without MXCSR.
+float flush(float v) { return std::fpclassify(v) == FP_SUBNORMAL ? std::copysign(0.f, v) : v; }
+float pair_step(float acc, float x_even, float x_odd, float w_even, float w_odd) {
+  const float r = flush(std::fma(flush(x_odd), flush(w_odd), flush(acc)));
+  return flush(std::fma(flush(x_even), flush(w_even), r));
+}
+// The row-major bf16 GEMV's order for output (m, n) (strips.h): lane q a chain over the pairs p = q
+// (mod 16), then the tree of _mm512_reduce_add_ps (plain fp32 adds), then the bf16 store.
+float gemv_twin(const std::vector<float>& x, const std::vector<float>& w, int64_t K, int64_t m, int64_t n) {
+  const int64_t P = (K + 1) / 2;
+  auto at = [K](const std::vector<float>& v, int64_t row, int64_t k) { return k < K ? v[size_t(row * K + k)] : 0.f; };
+  float lane[16];
+  for (int q = 0; q < 16; ++q) {
+    float acc = 0.f;
+    for (int64_t p = q; p < P; p += 16)
+      acc = pair_step(acc, at(x, m, 2 * p), at(x, m, 2 * p + 1), at(w, n, 2 * p), at(w, n, 2 * p + 1));
+    lane[q] = acc;
+  }
+  float t3[8], t6[4];
+  for (int i = 0; i < 8; ++i) t3[i] = lane[8 + i] + lane[i];
+  for (int i = 0; i < 4; ++i) t6[i] = t3[4 + i] + t3[i];
+  return round_bf16((t6[0] + t6[2]) + (t6[1] + t6[3]));
+}
+
+// bf16-valued x [M, K] and weights [N, K] for the pair-dot tests: spread over 2^-12..2^12, or (tiny) that
+// times 2^-60 with every 7th x value a bf16 denormal, so that products and partial sums are denormal.
+// Each weight row's last 3 values cancel its sum against x's first row almost exactly, so that a
+// rounding step done otherwise shows through the bf16 store (LinearEqualsThePlainWeightsOrder).
+void pair_data(Rng& rng, int64_t M, int64_t N, int64_t K, bool tiny, std::vector<float>& x, std::vector<float>& wv) {
+  x = spread(rng, size_t(M * K));
+  wv = spread(rng, size_t(N * K));
+  for (auto& v : x) v = round_bf16(tiny ? std::ldexp(v, -60) : v);
+  if (tiny)
+    for (size_t i = 0; i < x.size(); i += 7) x[i] = round_bf16(std::ldexp(x[i], -60));
+  for (int64_t n = 0; n < N; ++n) {
+    double part = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      float& e = wv[size_t(n * K + k)];
+      const double xk = x[size_t(k)];
+      e = round_bf16(k < K - 3 || xk == 0 ? (tiny ? std::ldexp(e, -60) : e) : static_cast<float>(-part / xk));
+      part += xk * e;
+    }
+  }
+}
+
+// The strip GEMV's two bodies for a bf16 computation, VDPBF16PS (bf16_dot=1) and each pair as two FMAs
+// (bf16_dot=0: the default where the instruction is slow and computes the same, linear.cpp
+// cpu_bf16_dot_slow), and the row-major VDPBF16PS GEMV against the twin above, on values spread over
+// 2^-12..2^12 and on tiny ones whose products and partial sums are denormal, over odd strip counts (the
+// FMA body takes strips two at a time) and odd K, with and without its prefetches. The FMA body must
+// match the twin on every CPU; the instruction's bodies where the CPU's VDPBF16PS computes the twin's
+// step (bf16_dot_is_two_fmas; said loudly where it does not).
+// RED: the low halves' FMA first fails the spread data; the FMAs without DAZ / FTZ fail the tiny data.
+TEST(KernelsStrips, PairsAsTwoFmasGiveTheInstructionsBits) {
+  MM3_NEEDS_STRIPS();
+  const bool same_op = kern::detail::bf16_dot_is_two_fmas();
+  if (!same_op)
+    std::cout << "note: this CPU's VDPBF16PS does not compute two FMAs under DAZ / FTZ; only the FMA body is "
+                 "checked against the twin (its bodies stay on the instruction)\n";
+  ThreadPool p2(2);
+  Rng rng(31);
+  const Sizes sizes[] = {{70, 517}, {100, 1031}, {31, 64}, {160, 96}};
+  struct Restore {
+    ~Restore() {
+      kern::tuning::force(kern::tuning::Knob::Bf16Dot, -1);
+      kern::tuning::force(kern::tuning::Knob::GemvPrefetch, -1);
+    }
+  } restore;
+  for (const Sizes& z : sizes)
+    for (bool tiny : {false, true})
+      for (int64_t M : {1, 2, 3, 4}) {
+        SCOPED_TRACE(::testing::Message() << "N=" << z.N << " K=" << z.K << " tiny=" << tiny << " M=" << M);
+        std::vector<float> x, wv;
+        pair_data(rng, M, z.N, z.K, tiny, x, wv);
+        std::vector<float> want(size_t(M * z.N));
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = 0; n < z.N; ++n) want[size_t(m * z.N + n)] = gemv_twin(x, wv, z.K, m, n);
+        const Tensor w = Tensor::from_f32(wv, {z.N, z.K}).to(DType::BF16);
+        const kern::LinearWeight plain(w);
+        const kern::LinearWeight strips =
+            kern::bf16_strips(static_cast<const uint16_t*>(w.raw()), z.K, z.N, z.K, &p2, Tensor());
+        auto same = [&](const std::vector<float>& got) {
+          int64_t bad = 0;
+          for (size_t i = 0; i < got.size(); ++i)
+            bad += std::memcmp(&got[i], &want[i], 4) != 0 && !(std::isnan(got[i]) && std::isnan(want[i]));
+          return bad;
+        };
+        if (same_op) {
+          std::vector<float> got(want.size(), -7.f);
+          kern::linear(p2, x.data(), M, z.K, plain, got.data(), z.N, DType::BF16);
+          EXPECT_EQ(same(got), 0) << "the row-major VDPBF16PS GEMV";
+        }
+        for (int dot : {0, 1})
+          for (int pf : {0, 1}) {
+            if (dot == 1 && !same_op) continue;
+            kern::tuning::force(kern::tuning::Knob::Bf16Dot, dot);
+            kern::tuning::force(kern::tuning::Knob::GemvPrefetch, pf);
+            std::vector<float> got(want.size(), -7.f);
+            kern::linear(p2, x.data(), M, z.K, strips, got.data(), z.N, DType::BF16);
+            EXPECT_EQ(same(got), 0) << "strip form, bf16_dot=" << dot << " gemv_prefetch=" << pf;
+          }
+      }
+}
+
+// gemm_ex's bf16 tile (the GEMM of a bf16 computation, M > 4: the LM prefill) in its two forms,
+// VDPBF16PS (bf16_dot=1) and each pair as two FMAs (bf16_dot=0, gemm_nt.cpp tile_bf16fma_avx512),
+// against the GEMM's order spelled out: one chain per output over the pairs in order, pair_step each
+// (the partial sums of K blocks go through C as fp32, which changes no bit), then the bf16 store. On
+// the plain weight and the strip form, row counts around the 8-row tile, N around the 32-column strips,
+// K over two K blocks and odd. As the GEMV test: the FMA form everywhere, the instruction's where it
+// computes the same step.
+// RED: the tile's low halves' FMA first fails the spread data; its FMAs without DAZ / FTZ the tiny data.
+TEST(KernelsStrips, GemmPairsAsTwoFmasGiveTheInstructionsBits) {
+  MM3_NEEDS_STRIPS();
+  const bool same_op = kern::detail::bf16_dot_is_two_fmas();
+  ThreadPool p2(2);
+  Rng rng(37);
+  struct Restore {
+    ~Restore() { kern::tuning::force(kern::tuning::Knob::Bf16Dot, -1); }
+  } restore;
+  const Sizes sizes[] = {{70, 517}, {33, 2101}};
+  for (const Sizes& z : sizes)
+    for (bool tiny : {false, true})
+      for (int64_t M : {5, 8, 13}) {
+        SCOPED_TRACE(::testing::Message() << "N=" << z.N << " K=" << z.K << " tiny=" << tiny << " M=" << M);
+        std::vector<float> x, wv;
+        pair_data(rng, M, z.N, z.K, tiny, x, wv);
+        const int64_t P = (z.K + 1) / 2;
+        auto at = [&z](const std::vector<float>& v, int64_t row, int64_t k) {
+          return k < z.K ? v[size_t(row * z.K + k)] : 0.f;
+        };
+        std::vector<float> want(size_t(M * z.N));
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = 0; n < z.N; ++n) {
+            float acc = 0.f;
+            for (int64_t p = 0; p < P; ++p)
+              acc = pair_step(acc, at(x, m, 2 * p), at(x, m, 2 * p + 1), at(wv, n, 2 * p), at(wv, n, 2 * p + 1));
+            want[size_t(m * z.N + n)] = round_bf16(acc);
+          }
+        const Tensor w = Tensor::from_f32(wv, {z.N, z.K}).to(DType::BF16);
+        const kern::LinearWeight plain(w);
+        const kern::LinearWeight strips =
+            kern::bf16_strips(static_cast<const uint16_t*>(w.raw()), z.K, z.N, z.K, &p2, Tensor());
+        for (int dot : {0, 1}) {
+          if (dot == 1 && !same_op) continue;
+          kern::tuning::force(kern::tuning::Knob::Bf16Dot, dot);
+          for (const kern::LinearWeight* lw : {&plain, &strips}) {
+            std::vector<float> got(want.size(), -7.f);
+            kern::linear(p2, x.data(), M, z.K, *lw, got.data(), z.N, DType::BF16);
+            int64_t bad = 0;
+            for (size_t i = 0; i < got.size(); ++i)
+              bad += std::memcmp(&got[i], &want[i], 4) != 0 && !(std::isnan(got[i]) && std::isnan(want[i]));
+            EXPECT_EQ(bad, 0) << (lw == &plain ? "plain" : "strip form") << ", bf16_dot=" << dot;
+          }
+        }
+      }
 }
 
 }  // namespace

@@ -155,6 +155,57 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16"))) void ti
   tile_store_512<R>(c0, c1, t);
 }
 
+// ---- the bf16 pair-dot tile's bits on fp32 FMAs, AVX-512 (for CPUs where VDPBF16PS is slow) ----
+// VDPBF16PS adds a pair's two exact products one at a time, the pair word's high half (the odd k) first,
+// each addition rounded to nearest even, denormals read as zero and flushed (strips.cpp
+// gemv_bf16fma_g). So per k pair: the high halves' FMA, then the low halves', under MXCSR's DAZ and FTZ,
+// set for the tile and restored. As holds A's rows as fp32 with each pair's halves swapped (As[2p] the
+// bf16 value of k = 2p + 1, As[2p + 1] that of k = 2p), so each FMA takes its row's value as a
+// broadcast operand from memory; B's pair words are widened by one AND (high halves) and one shift (low).
+template <int R>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) void tile_bf16fma_avx512(const float* As, int64_t ldas,
+                                                                                       const uint16_t* Bp,
+                                                                                       const TileArgs& t) {
+  const unsigned csr = _mm_getcsr();
+  _mm_setcsr(csr | 0x8040u);  // FTZ (bit 15) and DAZ (bit 6)
+  __m512 c0[R], c1[R];
+  if (t.first) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) c0[r] = c1[r] = _mm512_setzero_ps();
+  } else {
+    const int n0 = std::min(t.nr, 16), n1 = std::max(t.nr - 16, 0);
+    const __mmask16 m0 = n0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n0) - 1u);
+    const __mmask16 m1 = n1 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n1) - 1u);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      c0[r] = _mm512_maskz_loadu_ps(m0, t.C + r * t.ldc);
+      c1[r] = _mm512_maskz_loadu_ps(m1, t.C + r * t.ldc + 16);
+    }
+  }
+  const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const int64_t kp = (t.kc + 1) / 2;
+  for (int64_t p = 0; p < kp; ++p) {
+    const __m512i b0 = _mm512_loadu_si512(Bp + p * 2 * kNR), b1 = _mm512_loadu_si512(Bp + p * 2 * kNR + kNR);
+    const __m512 o0 = _mm512_castsi512_ps(_mm512_and_si512(b0, hi)), o1 = _mm512_castsi512_ps(_mm512_and_si512(b1, hi));
+    const __m512 e0 = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, b0, 16)),
+                 e1 = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, b1, 16));
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 ao = _mm512_set1_ps(As[r * ldas + 2 * p]);
+      c0[r] = _mm512_fmadd_ps(ao, o0, c0[r]);
+      c1[r] = _mm512_fmadd_ps(ao, o1, c1[r]);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 ae = _mm512_set1_ps(As[r * ldas + 2 * p + 1]);
+      c0[r] = _mm512_fmadd_ps(ae, e0, c0[r]);
+      c1[r] = _mm512_fmadd_ps(ae, e1, c1[r]);
+    }
+  }
+  _mm_setcsr(csr);
+  tile_store_512<R>(c0, c1, t);
+}
+
 // ---- bf16 pair-dot tile of 6 rows x 64 columns (two adjacent 32-column strips), AVX512-BF16 ----
 // gemm_bf16_packed_serial's tile (the DiT attention's Q·K^T and P·V). Per k pair: four 64-byte loads of
 // the two strips, a dword broadcast of each row's pair, 24 VDPBF16PS into 24 accumulators: 10 loads per
@@ -377,6 +428,13 @@ constexpr int kMRW = 6;  // rows of the 64-column bf16 tile
 const TileBf16W64* bf16_w64_tiles() {
   static const TileBf16W64 t[kMRW] = {tile_bf16_w64_avx512<1>, tile_bf16_w64_avx512<2>, tile_bf16_w64_avx512<3>,
                                       tile_bf16_w64_avx512<4>, tile_bf16_w64_avx512<5>, tile_bf16_w64_avx512<6>};
+  return t;
+}
+using TileBf16Fma = void (*)(const float*, int64_t, const uint16_t*, const TileArgs&);
+const TileBf16Fma* bf16fma_tiles() {
+  static const TileBf16Fma t[kMR] = {tile_bf16fma_avx512<1>, tile_bf16fma_avx512<2>, tile_bf16fma_avx512<3>,
+                                     tile_bf16fma_avx512<4>, tile_bf16fma_avx512<5>, tile_bf16fma_avx512<6>,
+                                     tile_bf16fma_avx512<7>, tile_bf16fma_avx512<8>};
   return t;
 }
 const TileBf16* bf16_tiles() {
@@ -811,6 +869,23 @@ void gemm_ex(const ThreadPool& pool, const float* A, int64_t a_rs, int64_t a_cs,
         },
         std::max<int64_t>(1, 65536 / K));
   }
+  // Where VDPBF16PS is slow, the same bits on FMAs (tile_bf16fma_avx512) from A16's values with each
+  // pair's halves swapped, as fp32. The calling thread's buffer, kept as A16's is.
+  thread_local aligned_vector<float> as_buf;
+  float* As = nullptr;
+  if (use_bf16 && bf16_dot_fma()) {
+    if (as_buf.size() < static_cast<size_t>(M * Kp)) as_buf.resize(static_cast<size_t>(M * Kp));
+    As = as_buf.data();
+    pool.parallel_for(
+        M,
+        [&](int64_t m0, int64_t m1) {
+          for (int64_t i = m0 * Kp; i < m1 * Kp; i += 2) {
+            As[i] = bf16_bits_to_f32(A16[i + 1]);
+            As[i + 1] = bf16_bits_to_f32(A16[i]);
+          }
+        },
+        std::max<int64_t>(1, 65536 / K));
+  }
 
   // Static task split: column panels x row chunks. Any split gives the same bits; this one just
   // aims for ~2 tasks per thread without re-packing a panel for tiny row chunks.
@@ -820,6 +895,7 @@ void gemm_ex(const ThreadPool& pool, const float* A, int64_t a_rs, int64_t a_cs,
   chunks = std::max<int64_t>(1, std::min(chunks, (M + 63) / 64));
   const TileF32* tf = f32_tiles();
   const TileBf16* tb = use_bf16 ? bf16_tiles() : nullptr;
+  const TileBf16Fma* tbf = As ? bf16fma_tiles() : nullptr;
   // The AVX2 tiles read A from panels copied once for all column panels, [K block][6-row block][k <
   // kc_block][6] (rows past M: unwritten, never read). Read in place, the rows of a row-major A (K =
   // 8192: 32 KiB apart) all fall into one L1 set and the broadcasts kept missing; the row blocks of one
@@ -899,7 +975,9 @@ void gemm_ex(const ThreadPool& pool, const float* A, int64_t a_rs, int64_t a_cs,
           TileArgs ta{
               kc,           C + m0 * ldc + ns,          ldc,  static_cast<int>(std::min<int64_t>(kNR, N - ns)), k0 == 0,
               k0 + kc >= K, bias ? bias + ns : nullptr, store};
-          if (use_bf16)
+          if (As)
+            tbf[r - 1](As + m0 * Kp + k0, Kp, bufH.data() + s * ((kc + 1) / 2) * 2 * kNR, ta);
+          else if (use_bf16)
             tb[r - 1](A16 + m0 * Kp + k0, Kp, bufH.data() + s * ((kc + 1) / 2) * 2 * kNR, ta);
           else if (pack_a)
             tp[r - 1](a_panel(m0 / kMR2, k0 / kc_block), bp + s * kc * kNR, ta);

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -99,6 +100,115 @@ bool cpu_has_amx_int8() {
       isa_cap() >= IsaCap::Amx && __builtin_cpu_supports("amx-int8") && __builtin_cpu_supports("amx-tile");
   return v;
 }
+namespace {
+// The probe's loops: n rounds of 12 independent chains (enough to cover either instruction's latency)
+// in registers (an asm barrier on one of them had GCC store all 12 to the stack every round, which
+// bounded the FMA loop by the stores). Returns a sum so the work is not optimized away.
+__attribute__((target("avx512f,avx512bf16"), noinline)) float probe_dpbf16(int n) {
+  __m512 a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(float(i));
+  static volatile int xw = 0x3F803F80;  // read at run time, so that the loop is not folded
+  const __m512bh x = (__m512bh)_mm512_set1_epi32(xw), y = (__m512bh)_mm512_set1_epi32(0x00010001);
+  for (int r = 0; r < n; ++r) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) a[i] = _mm512_dpbf16_ps(a[i], x, y);
+  }
+  float s = 0.f;
+  for (int i = 0; i < 12; ++i) s += _mm512_reduce_add_ps(a[i]);
+  return s;
+}
+__attribute__((target("avx512f"), noinline)) float probe_fma(int n) {
+  __m512 a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(float(i));
+  static volatile float one = 1.f;
+  const __m512 x = _mm512_set1_ps(one), y = _mm512_set1_ps(1e-20f);
+  for (int r = 0; r < n; ++r) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) a[i] = _mm512_fmadd_ps(x, y, a[i]);
+  }
+  float s = 0.f;
+  for (int i = 0; i < 12; ++i) s += _mm512_reduce_add_ps(a[i]);
+  return s;
+}
+}  // namespace
+
+// Thirty-eighth session, on a 2-core Intel Xeon (family 6 model 207, AVX512-BF16 without AMX in the
+// VM): one VDPBF16PS zmm took ~2.2 cycles (latency ~8), an FMA ~0.54 (latency 4): the pair dot ran at
+// half the FMA's flop rate (`peak_bf16_dot` 171 against `peak_f32_fma` 345 GFLOP/s), where on Zen 4 it
+// runs at twice it (460 against 230). Each round of the probe times 2000 x 12 of each instruction, the
+// best of 5 rounds (~0.1 ms in all on either CPU); bf16_dot_cost() is the ratio of the two times and the
+// pair dot counts as slow above 2.5 (by those peaks 1.0 on Zen 4; 3.9 read on that Xeon).
+// Does VDPBF16PS compute what the FMA bodies do: per lane the high halves' product added, then the low
+// halves', each rounded to nearest even, under DAZ and FTZ? Checked on 512 lanes of pseudo-random
+// operands (every bit pattern's exponent, so denormals, infinities and NaNs among them; NaNs compare as
+// NaNs). On the thirty-eighth session's Xeon it does; where it does not, the pairs stay on the
+// instruction, so that the choice never changes a bit.
+__attribute__((target("avx512f,avx512bf16"))) bool bf16_dot_is_two_fmas() {
+  uint64_t st = 0x9E3779B97F4A7C15ull;
+  auto next = [&st] {
+    st ^= st << 13, st ^= st >> 7, st ^= st << 17;
+    return static_cast<uint32_t>(st >> 16);
+  };
+  const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const unsigned csr = _mm_getcsr();
+  bool same = true;
+  for (int it = 0; it < 32 && same; ++it) {
+    alignas(64) uint32_t a[16], b[16], c[16];
+    for (int j = 0; j < 16; ++j) {
+      a[j] = next(), b[j] = next(), c[j] = next();
+      if (j % 4 == 1) a[j] &= 0x807F807Fu;                        // bf16 denormals
+      if (j % 4 == 2) c[j] &= 0x807FFFFFu;                        // a denormal accumulator
+      if (j % 4 == 3) b[j] = (b[j] & 0x80FF80FFu) | 0x01000100u;  // products near the underflow
+    }
+    const __m512i va = _mm512_load_si512(a), vb = _mm512_load_si512(b);
+    const __m512 vc = _mm512_castsi512_ps(_mm512_load_si512(c));
+    const __m512 want = _mm512_dpbf16_ps(vc, (__m512bh)va, (__m512bh)vb);
+    _mm_setcsr(csr | 0x8040u);
+    __m512 got = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(va, hi)),
+                                 _mm512_castsi512_ps(_mm512_and_si512(vb, hi)), vc);
+    got = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(va, 16)),
+                          _mm512_castsi512_ps(_mm512_slli_epi32(vb, 16)), got);
+    _mm_setcsr(csr);
+    const __mmask16 nan = _mm512_cmp_ps_mask(want, want, _CMP_UNORD_Q) & _mm512_cmp_ps_mask(got, got, _CMP_UNORD_Q);
+    const __mmask16 eq = _mm512_cmpeq_epi32_mask(_mm512_castps_si512(want), _mm512_castps_si512(got));
+    same = static_cast<__mmask16>(eq | nan) == 0xFFFF;
+  }
+  return same;
+}
+
+double bf16_dot_cost() {
+  static const double v = [] {
+    if (!cpu_has_avx512bf16()) return 0.0;
+    double dp = 1e30, fma = 1e30;
+    volatile float sink = 0.f;
+    for (int r = 0; r < 5; ++r) {
+      auto t0 = std::chrono::steady_clock::now();
+      sink = sink + probe_dpbf16(2000);
+      auto t1 = std::chrono::steady_clock::now();
+      sink = sink + probe_fma(2000);
+      auto t2 = std::chrono::steady_clock::now();
+      dp = std::min(dp, std::chrono::duration<double>(t1 - t0).count());
+      fma = std::min(fma, std::chrono::duration<double>(t2 - t1).count());
+    }
+    return dp / fma;
+  }();
+  return v;
+}
+bool cpu_bf16_dot_slow() {
+  static const bool v = cpu_has_avx512bf16() && bf16_dot_is_two_fmas() && bf16_dot_cost() > 2.5;
+  return v;
+}
+// The bf16 pair dots (the strip GEMV, gemm_ex's bf16 tile) as two FMAs each (the same bits) or VDPBF16PS:
+// the knob bf16_dot, else the FMAs where the pair dot is slow (cpu_bf16_dot_slow). Thirty-eighth session, a
+// 2-core Intel Xeon (family 6 model 207, AVX512-BF16 without AMX), `mm3 bench --alternate` (16-20 runs):
+// the FMAs ÷ VDPBF16PS depth_frame 0.828, gemv_bf16_strips_4096x12288_m2 0.784; with the FMAs, T1
+// prefetches 2 KiB ahead ÷ none (gemv_prefetch=1,0) 0.846 / 0.831, so the FMA body prefetches unless
+// gemv_prefetch=0 (distances 1, 4, 8 KiB: the same within the noise). depth_frame 0.410 -> 0.291 s.
+bool bf16_dot_fma() {
+  const int forced = tuning::forced(tuning::Knob::Bf16Dot);
+  return forced >= 0 ? forced == 0 : detail::cpu_bf16_dot_slow();
+}
+
 bool cpu_has_avx512vnni() {
   static const bool v = cpu_has_avx512() && __builtin_cpu_supports("avx512vnni");
   return v;
@@ -798,11 +908,19 @@ void strips_gemv(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx,
   MM3_CHECK(bf16 ? cpu_has_avx512bf16() : cpu_has_avx512(), "linear: a strip-form weight on a CPU without {}",
             bf16 ? "AVX512-BF16" : "AVX-512");
   aligned_vector<uint32_t> xq;  // x as bf16 pairs in the form's pair order (strips.h)
+  aligned_vector<float> xs;     // xq split into fp32 halves, where the pairs run as FMAs
+  bool pf = false;
   if (bf16) {  // bf16 computation: x is bf16-valued by convention, so its bf16 copy is exact
     aligned_vector<uint16_t> xb(static_cast<size_t>(M * Kp), 0);
     for (int64_t m = 0; m < M; ++m) f32_to_bf16(x + m * ldx, xb.data() + m * Kp, static_cast<size_t>(K));
     xq.resize(static_cast<size_t>(M * Kp / 2));
     detail::strips_order_x(xb.data(), Kp, M, xq.data());
+    if (detail::bf16_dot_fma()) {
+      const int forced = tuning::forced(tuning::Knob::GemvPrefetch);
+      pf = forced != 0;  // T1 prefetches unless the knob turns them off (measured: bf16_dot_fma)
+      xs.resize(static_cast<size_t>(M * Kp));
+      detail::strips_split_x(xq.data(), M, Kp / 2, xs.data());
+    }
   }
   // Enough strips per chunk that a chunk streams at least ~64 KiB of weights.
   const int64_t min_strips = std::max<int64_t>(1, (64 * 1024) / (detail::kStripRows * Kp * 2));
@@ -813,7 +931,9 @@ void strips_gemv(const ThreadPool& pool, const float* x, int64_t M, int64_t ldx,
           const LinearWeight& w = *outs[i].w;
           const int64_t N = w.out_features();
           float* s = sums.data() + M * rows[i];
-          if (bf16)
+          if (bf16 && !xs.empty())
+            detail::strips_gemv_bf16fma(xs.data(), M, strips_of(w), N, K, g0, g1, s, pf);
+          else if (bf16)
             detail::strips_gemv_bf16(xq.data(), M, strips_of(w), N, K, g0, g1, s);
           else
             detail::strips_gemv_f32(x, ldx, M, strips_of(w), N, K, g0, g1, s);

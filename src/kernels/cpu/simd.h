@@ -33,6 +33,18 @@ bool cpu_has_avx2_fma();
 bool cpu_has_amx_bf16();  // AMX-BF16 tiles (oneDNN's brgemm then runs bf16 GEMMs on them)
 bool cpu_has_amx_int8();  // AMX-INT8 tiles (oneDNN's brgemm then runs int8 GEMMs on them)
 bool cpu_has_avx512vnni();  // AVX-512 and its VPDPBUSD (the int8 decode GEMV, gemm_i8.cpp's GEMM)
+// Whether VDPBF16PS gives the bits of two fp32 FMAs, the high halves' first, under DAZ and FTZ (a check
+// on pseudo-random operands; needs AVX512-BF16): what the bf16 pairs' FMA forms compute.
+bool bf16_dot_is_two_fmas();
+// AVX512-BF16 whose VDPBF16PS runs slower than two fp32 FMAs (a timing probe at first use, ~0.1 ms)
+// and gives their bits (bf16_dot_is_two_fmas); false without AVX512-BF16. The bf16 pair dots then run
+// as two FMAs each (strips.h, gemm_nt.cpp): the same bits, faster.
+bool cpu_bf16_dot_slow();
+// The probe's reading: one VDPBF16PS's time over one FMA's, at full throughput (0 without AVX512-BF16).
+double bf16_dot_cost();
+// Whether the bf16 pair dots run as two FMAs each (the same bits): the knob bf16_dot (tuning.h), else
+// cpu_bf16_dot_slow(). Needs AVX512-BF16 to matter (the pairs' forms run only there).
+bool bf16_dot_fma();
 // All five honour MM3_ISA (a cap, see linear.cpp). isa_name(): the best level they allow.
 const char* isa_name();
 // The L1 data cache of a core in bytes (sysconf; 32 KiB when the system does not say).

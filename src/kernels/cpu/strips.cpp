@@ -142,6 +142,76 @@ MM3_STRIPS_BF16 void gemv_bf16_m(const uint32_t* xq, const uint16_t* form, int64
   }
 }
 
+// gemv_bf16_m's bits without VDPBF16PS, for CPUs where it runs slower than two FMAs (cpu_bf16_dot_slow).
+// The instruction adds a pair's two exact products to its lane one at a time, the odd element's
+// (the pair word's high half) first, each addition rounded to nearest even, with denormal inputs read
+// as zero and denormal results flushed (checked bit for bit on that Xeon, on random data with denormals
+// in every operand). So per pair: the high halves' FMA, then the low halves', under MXCSR's DAZ and FTZ
+// (set for the chains, restored for the residues' tree, which VDPBF16PS's body adds without them). xs holds x's pairs
+// split: per (m, pair) the high half then the low half as fp32. S strips side by side share each x broadcast and double
+// the independent chains (an accumulator's two FMAs a pair are dependent: 8 cycles of latency a pair on that Xeon).
+constexpr int64_t kFmaPfBytes = 2048;  // T1 prefetch distance; 1, 4 and 8 KiB read the same on that Xeon
+
+template <int M, int S, bool PF>
+MM3_STRIPS_F32 void gemv_bf16fma_g(const float* xs, const uint16_t* form, int64_t N, int64_t K, int64_t g,
+                                   float* sums) {
+  const int64_t P = strips_pairs(K);
+  const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const unsigned csr = _mm_getcsr();
+  _mm_setcsr(csr | 0x8040u);  // FTZ (bit 15) and DAZ (bit 6) for the chains; the tree runs without them
+  __m512 part[16][S][2][M];
+  for (int q = 0; q < 16; ++q) {
+    const int64_t b = strips_residue_start(q, P), e = strips_residue_start(q + 1, P);
+    __m512 acc[S][2][M];
+    for (int s = 0; s < S; ++s)
+#pragma GCC unroll 4
+      for (int m = 0; m < M; ++m) acc[s][0][m] = acc[s][1][m] = _mm512_setzero_ps();
+    for (int64_t t = b; t < e; ++t) {
+      __m512 od[S][2], ev[S][2];
+      for (int s = 0; s < S; ++s)
+        for (int h = 0; h < 2; ++h) {
+          const uint16_t* wp = form + ((g + s) * P + t) * kPairElems + 32 * h;
+          if constexpr (PF) _mm_prefetch(reinterpret_cast<const char*>(wp) + kFmaPfBytes, _MM_HINT_T1);
+          const __m512i w = _mm512_load_si512(wp);
+          od[s][h] = _mm512_castsi512_ps(_mm512_and_si512(w, hi));
+          ev[s][h] = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, w, 16));
+        }
+#pragma GCC unroll 4
+      for (int m = 0; m < M; ++m) {
+        const __m512 xo = _mm512_set1_ps(xs[(m * P + t) * 2]), xe = _mm512_set1_ps(xs[(m * P + t) * 2 + 1]);
+        for (int s = 0; s < S; ++s)
+          for (int h = 0; h < 2; ++h) acc[s][h][m] = _mm512_fmadd_ps(xo, od[s][h], acc[s][h][m]);
+        for (int s = 0; s < S; ++s)
+          for (int h = 0; h < 2; ++h) acc[s][h][m] = _mm512_fmadd_ps(xe, ev[s][h], acc[s][h][m]);
+      }
+    }
+    for (int s = 0; s < S; ++s)
+#pragma GCC unroll 4
+      for (int m = 0; m < M; ++m) part[q][s][0][m] = acc[s][0][m], part[q][s][1][m] = acc[s][1][m];
+  }
+  _mm_setcsr(csr);
+  for (int s = 0; s < S; ++s) {
+    __m512 out[2][M];
+    for (int h = 0; h < 2; ++h)
+#pragma GCC unroll 4
+      for (int m = 0; m < M; ++m) {
+        __m512 t3[8], t6[4];
+        for (int i = 0; i < 8; ++i) t3[i] = _mm512_add_ps(part[8 + i][s][h][m], part[i][s][h][m]);
+        for (int i = 0; i < 4; ++i) t6[i] = _mm512_add_ps(t3[4 + i], t3[i]);
+        out[h][m] = _mm512_add_ps(_mm512_add_ps(t6[0], t6[2]), _mm512_add_ps(t6[1], t6[3]));
+      }
+    store_strip<M>(out, g + s, N, sums);
+  }
+}
+
+template <int M, bool PF>
+MM3_STRIPS_F32 void gemv_bf16fma_m(const float* xs, const uint16_t* form, int64_t N, int64_t K, int64_t g0, int64_t g1,
+                                   float* sums) {
+  int64_t g = g0;
+  for (; g + 2 <= g1; g += 2) gemv_bf16fma_g<M, 2, PF>(xs, form, N, K, g, sums);
+  if (g < g1) gemv_bf16fma_g<M, 1, PF>(xs, form, N, K, g, sums);
+}
+
 // Per pair p: the two lines widened to fp32 (the low halves: k = 2p, the high: k = 2p + 1), then per
 // (half, m) the FMA of k = 2p and of k = 2p + 1, in order: one FMA chain per output over k, as gemm_nt's
 // fp32 tile (fmadd(a, b, c) with a the broadcast x) runs it. An odd K's last pair takes its first half only.
@@ -194,6 +264,22 @@ void strips_gemv_bf16(const uint32_t* xq, int64_t M, const uint16_t* form, int64
     default:
       return gemv_bf16_m<4>(xq, form, N, K, g0, g1, sums);
   }
+}
+
+void strips_split_x(const uint32_t* xq, int64_t M, int64_t P, float* xs) {
+  for (int64_t i = 0; i < M * P; ++i) {
+    xs[2 * i] = bf16_bits_to_f32(static_cast<uint16_t>(xq[i] >> 16));
+    xs[2 * i + 1] = bf16_bits_to_f32(static_cast<uint16_t>(xq[i] & 0xFFFFu));
+  }
+}
+
+void strips_gemv_bf16fma(const float* xs, int64_t M, const uint16_t* form, int64_t N, int64_t K, int64_t g0, int64_t g1,
+                         float* sums, bool prefetch) {
+  using Fn = void (*)(const float*, const uint16_t*, int64_t, int64_t, int64_t, int64_t, float*);
+  static const Fn fns[2][4] = {
+      {gemv_bf16fma_m<1, false>, gemv_bf16fma_m<2, false>, gemv_bf16fma_m<3, false>, gemv_bf16fma_m<4, false>},
+      {gemv_bf16fma_m<1, true>, gemv_bf16fma_m<2, true>, gemv_bf16fma_m<3, true>, gemv_bf16fma_m<4, true>}};
+  fns[prefetch ? 1 : 0][std::clamp<int64_t>(M, 1, 4) - 1](xs, form, N, K, g0, g1, sums);
 }
 
 void strips_gemv_f32(const float* x, int64_t ldx, int64_t M, const uint16_t* form, int64_t N, int64_t K, int64_t g0,

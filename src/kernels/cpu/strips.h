@@ -54,6 +54,13 @@ void strips_order_x(const uint16_t* xb, int64_t Kp, int64_t M, uint32_t* xq);
 // bf16 products (needs AVX512-BF16), x from strips_order_x:
 void strips_gemv_bf16(const uint32_t* xq, int64_t M, const uint16_t* form, int64_t N, int64_t K, int64_t g0, int64_t g1,
                       float* sums);
+// The same sums without VDPBF16PS (needs AVX-512; for CPUs where it is slow, cpu_bf16_dot_slow): each
+// pair as two FMAs in the instruction's order and rounding, x from strips_split_x. The same bits.
+void strips_gemv_bf16fma(const float* xs, int64_t M, const uint16_t* form, int64_t N, int64_t K, int64_t g0, int64_t g1,
+                         float* sums, bool prefetch);
+// xq (M rows of P pairs, strips_order_x) split for strips_gemv_bf16fma: xs[2i] the pair word's high half
+// (the odd k), xs[2i + 1] its low half, as fp32.
+void strips_split_x(const uint32_t* xq, int64_t M, int64_t P, float* xs);
 // fp32 products (needs AVX-512): x fp32 rows, ldx apart.
 void strips_gemv_f32(const float* x, int64_t ldx, int64_t M, const uint16_t* form, int64_t N, int64_t K, int64_t g0,
                      int64_t g1, float* sums);
