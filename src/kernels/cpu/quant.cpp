@@ -901,10 +901,18 @@ GemvFn pick_vnni_pf(int64_t M) {
 // copies: none 11 GB/s, T1 4 / 8 / 16 KiB ahead 19.5 / 23 / 25 GB/s (M = 2: 22-25 either way). In the
 // model, `--alternate quant_prefetch=0,-1` (old choice, then this one), 60 runs: depth_frame_int8 0.937
 // (probe 33 GB/s) and 0.920 (probe 56); T1's distance 4 / 8 / 16 / 32 KiB: 1.00 / 1.03 / 1.02 / 1.02.
+// Intel (thirty-eighth session; a 2-core Xeon, family 6 model 207, the first Intel core measured with
+// these bodies): NTA was far the slowest. `--alternate quant_prefetch=1,0,2` (18 runs): depth_frame_int8
+// none ÷ NTA 0.581, T1 ÷ NTA 0.461 (vs_floor 2.37 -> 1.10); depth_frame_q4 0.857 / 0.679 (1.82 -> 1.22).
+// T1's distance 2 / 8 / 16 KiB against 4: 1.04 / 1.01 / 1.03 (int8), 1.04 / 1.00 / 1.00 (q4). So Intel's
+// cores take T1 for both types; on Intel's cores NTA fills the L1D only, ahead of a stream that then
+// evicts them before use (an inference, not measured).
 int vnni_prefetch(bool i8, int64_t M) {
   static const bool zen4 = __builtin_cpu_is("amd") && __builtin_cpu_is("amdfam19h");
+  static const bool intel = __builtin_cpu_is("intel");
   const int forced = tuning::forced(tuning::Knob::QuantPrefetch);
   if (forced >= 0) return forced;
+  if (intel) return 2;
   return zen4 ? (i8 && M <= 2 ? 0 : 2) : 1;
 }
 
