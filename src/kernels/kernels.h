@@ -98,7 +98,9 @@ LinearWeight bf16_strips(const uint16_t* w, int64_t ldw, int64_t N, int64_t K, c
 // be bf16-valued. Results are deterministic; oneDNN's summation order is its own (fp32 accumulation
 // of exact bf16 products), and unlike gemm_nt it does not promise thread-count independence (the
 // shapes tested in kernels_linear_dnnl.cpp are bitwise equal on 1 and 2 threads). Where oneDNN
-// offers no blocked bf16 kernel (no AVX512-BF16 / AMX) this returns the plain bf16 weight instead.
+// offers no blocked bf16 kernel (no AVX512-BF16 / AMX), and where the CPU lacks AMX and its VDPBF16PS
+// is slow (cpu_bf16_dot_slow: gemm_ex's tile then runs the pairs as FMAs; the knob bf16_dot, read
+// here, overrides), this returns the plain bf16 weight instead.
 LinearWeight gemm_only_bf16(const LinearWeight& w);
 
 // A copy of an F32 weight for an fp32 computation that runs it as a GEMM, packed once so that no call
@@ -473,8 +475,9 @@ ConvWeight conv_dpbf16(const ConvWeight& w);
 
 // The faster of the two bf16 forms on this CPU, as measured on the vocoder: conv_gemm_bf16 with AMX
 // (oneDNN's tiles), conv_dpbf16 with AVX512-BF16 only (on Zen 4 the pairs ran the vocoder's layers
-// faster than oneDNN's avx512_core_bf16 GEMMs), else w unchanged. MM3_CONV_BF16=gemm|pairs|direct picks
-// one (direct: no form, the fp32-operand direct kernel on the bf16 weights).
+// faster than oneDNN's avx512_core_bf16 GEMMs) unless its VDPBF16PS is slow (the knob bf16_dot, else
+// cpu_bf16_dot_slow: then w unchanged, the fp32-operand direct kernel), else w unchanged.
+// MM3_CONV_BF16=gemm|pairs|direct picks one (direct: no form, the fp32-operand direct kernel on the bf16 weights).
 ConvWeight conv_bf16_form(const ConvWeight& w);
 
 // A copy of a 7-tap, stride-1 Conv1d weight with padding 3·dilation (the vocoder's conv_in and

@@ -22,6 +22,7 @@
 
 #include "kernels/kernels.h"
 #include "kernels/ref/ref_kernels.h"
+#include "kernels/tuning.h"
 #include "kernels_util.h"
 
 namespace mm3 {
@@ -37,6 +38,14 @@ kern::LinearWeight plain_bf16(Rng& rng, int64_t N, int64_t K, bool bias) {
   return kern::LinearWeight(w, b);
 }
 
+// oneDNN's bf16 form is what the bf16 tests here check. Where the CPU's VDPBF16PS is slow and unforced,
+// gemm_only_bf16 keeps the plain weight for gemm_ex's FMA tile (gemm_dnnl.cpp), so these tests force
+// the knob bf16_dot to the instruction's forms for their duration.
+struct InstructionDots {
+  InstructionDots() { kern::tuning::force(kern::tuning::Knob::Bf16Dot, 1); }
+  ~InstructionDots() { kern::tuning::force(kern::tuning::Knob::Bf16Dot, -1); }
+};
+
 #define MM3_REQUIRE_PACKED(w)                                                                          \
   if (!(w).gemm_packed())                                                                              \
   GTEST_SKIP() << "oneDNN offers no blocked bf16 matmul on this CPU (needs AVX512-BF16 or AMX); "     \
@@ -47,6 +56,7 @@ struct Case {
 };
 
 TEST(KernelsLinearDnnl, MatchesRefOddSizes) {
+  const InstructionDots dots;
   const Case cases[] = {{1, 37, 29},  {2, 64, 33},   {4, 97, 7},    {5, 37, 29},  {7, 100, 3}, {37, 129, 65},
                         {64, 300, 130}, {130, 64, 96}, {3, 1, 5},    {9, 33, 1},   {600, 48, 40}};
   ThreadPool pool(2);
@@ -87,6 +97,7 @@ TEST(KernelsLinearDnnl, MatchesRefOddSizes) {
 // The DiT's GEMMs at a smaller scale (rows 690 / 1380 tokens, K and N multiples of 64 as in
 // 2048 / 8192): the bits must not depend on the thread count, nor change run to run.
 TEST(KernelsLinearDnnl, ThreadCountIndependentAndDeterministic) {
+  const InstructionDots dots;
   const Case cases[] = {{690, 256, 768}, {690, 1024, 256}, {1380, 256, 256}, {689, 256, 128}, {2, 256, 256}};
   ThreadPool one(1), two(2);
   uint64_t seed = 100;
@@ -115,6 +126,7 @@ std::vector<uint16_t> to_bits(const std::vector<float>& x) {
 // blocked form and on every other weight form (which widen x and call linear); strided x and y.
 // With round_y = false a blocked weight may leave y unrounded: rounding it then gives linear()'s bits.
 TEST(KernelsLinearDnnl, Bf16InputWritesLinearsBits) {
+  const InstructionDots dots;
   const Case cases[] = {{1, 37, 29}, {5, 37, 29}, {37, 129, 65}, {130, 64, 96}, {690, 256, 768}, {9, 33, 1}};
   ThreadPool pool(2);
   uint64_t seed = 300;
@@ -238,6 +250,7 @@ TEST(KernelsLinearDnnl, F32FormThreadCountIndependentAndDeterministic) {
 }
 
 TEST(KernelsLinearDnnl, RefusesF32Store) {
+  const InstructionDots dots;
   Rng rng(7);
   const kern::LinearWeight w = kern::gemm_only_bf16(plain_bf16(rng, 8, 16, false));
   MM3_REQUIRE_PACKED(w);

@@ -1025,7 +1025,11 @@ ConvWeight conv_bf16_form(const ConvWeight& w) {
   if (pick == "gemm") return conv_gemm_bf16(w);
   if (pick == "pairs") return conv_dpbf16(w);
   if (pick == "direct") return w;
-  return detail::cpu_has_amx_bf16() ? conv_gemm_bf16(w) : conv_dpbf16(w);
+  if (detail::cpu_has_amx_bf16()) return conv_gemm_bf16(w);
+  // Where VDPBF16PS is slow (detail::bf16_dot_fma: the probe, or the knob bf16_dot=0) the fp32-operand
+  // direct kernel. Thirty-eighth session, 2-core Xeon family 6 model 207, vocoder_L689_bf16: pairs 14.9 s,
+  // direct 8.3 s (2 runs each, one process each; rel RMS from fp32 0.0337 either way).
+  return detail::bf16_dot_fma() ? w : conv_dpbf16(w);
 }
 
 void conv_packed(const ThreadPool& pool, const ConvWeight& cw, const float* x, int64_t L, float* y, DType store,

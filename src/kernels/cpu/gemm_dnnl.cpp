@@ -185,6 +185,11 @@ LinearWeight gemm_only_bf16(const LinearWeight& w) {
   const Tensor bias = w.has_bias() ? w.bias().to(DType::BF16) : Tensor();
   const int64_t N = w.out_features(), K = w.in_features();
   if (!detail::cpu_has_avx512bf16() || onednn_disabled()) return LinearWeight(plain, bias);
+  // Without AMX oneDNN's bf16 kernels run VDPBF16PS; where that is slow, gemm_ex's tile on two FMAs a
+  // pair is faster. Thirty-eighth session, 2-core Xeon family 6 model 207: dit_forward_L689_bf16
+  // 22.0 s (oneDNN, 159 GFLOP/s) against 14.2 s (MM3_ONEDNN=0, 246 GFLOP/s), one process each.
+  // The knob bf16_dot (detail::bf16_dot_fma) decides as the weight is packed: 1 keeps oneDNN's form.
+  if (detail::bf16_dot_fma() && !detail::cpu_has_amx_bf16()) return LinearWeight(plain, bias);
   auto f = pack_dnnl(plain.raw(), N, K, dt::bf16, w.has_bias());
   if (!f) return LinearWeight(plain, bias);
   const size_t bytes = f->md.get_size();
