@@ -192,7 +192,10 @@ def render(res, torch, peaks, times):
         if med(s):
             row(f"`{s}` bf16", med(s), f"{med(s):.3f} s", floor_txt(s), tmed(ts), f"{tmed(ts):.3f} s" if tmed(ts) else "",
                 met([vs_floor(s)], 1.5))
-    for s, p, ts in (("dit_forward_L689", "peak_f32_fma", "dit_f32"), ("dit_forward_L689_bf16", "peak_bf16_dot", "dit_bf16")):
+    # The bf16 DiT's limit: its pairs' peak, or the FMA's where they run as two FMAs each (the stage's
+    # "bf16_dot": "fma", on CPUs whose VDPBF16PS is slow; linear.cpp cpu_bf16_dot_slow).
+    b16_peak = "peak_f32_fma" if res.get("dit_forward_L689_bf16", {}).get("bf16_dot") == "fma" else "peak_bf16_dot"
+    for s, p, ts in (("dit_forward_L689", "peak_f32_fma", "dit_f32"), ("dit_forward_L689_bf16", b16_peak, "dit_bf16")):
         if med(s):
             lim = limit([(res[s]["flops"], p)])
             err = f", rel RMS {res[s]['rel_rms_vs_f32']:.3f} from fp32" if "rel_rms_vs_f32" in res[s] else ""
