@@ -83,7 +83,8 @@ const std::vector<KnobInfo>& knobs() {
        {0, 1},
        "bf16 pair dots (AVX512-BF16: the decode GEMV on the strip form, the bf16 GEMM tile of the LM prefill, "
        "and without AMX whether the bf16 DiT's GEMMs take oneDNN's (1) or that tile (0), read as they are packed): "
-       "0 = each pair as two fp32 FMAs in VDPBF16PS's order and rounding (the same bits), 1 = VDPBF16PS; "
+       "0 = each pair as two fp32 FMAs in VDPBF16PS's order and rounding (the same bits where the CPU's "
+       "instruction computes exactly that, linear.cpp bf16_dot_is_two_fmas), 1 = VDPBF16PS; "
        "unforced, the FMAs where a probe finds VDPBF16PS slower than two FMAs (strips.cpp, gemm_nt.cpp, "
        "linear.cpp cpu_bf16_dot_slow)"},
   };

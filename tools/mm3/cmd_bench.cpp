@@ -138,7 +138,10 @@ RegisterCommand reg{
        sub.footer(
            "Prints one JSON object per stage on stdout: stage, runs, median_s, min_s, max_s, mean_s, setup_s,\n"
            "threads, bytes + gb_per_s and flops + gflop_per_s where meaningful, peak_rss_mb (the stage's own\n"
-           "high-water mark when the kernel allows resetting it: peak_rss_scope \"stage\"), and stage fields.\n"
+           "high-water mark when the kernel allows resetting it: peak_rss_scope \"stage\"), isa (the kernels'\n"
+           "dispatch level), on AVX512-BF16 CPUs bf16_dot (\"fma\" where the bf16 pair dots run as two FMAs\n"
+           "each, \"vdpbf16ps\") and bf16_dot_cost (the probe's VDPBF16PS time over an FMA's; slow above 2.5),\n"
+           "and stage fields.\n"
            "Memory-bound stages (AR frames and steps, streaming GEMVs, decode attention) also read a 128 MiB\n"
            "probe before each run and after the last, and report mem_probe_gb_per_s (median) and vs_floor:\n"
            "the median of run seconds x GB/s / bytes with the faster probe beside the run, i.e. each run\n"

@@ -132,12 +132,6 @@ __attribute__((target("avx512f"), noinline)) float probe_fma(int n) {
 }
 }  // namespace
 
-// Thirty-eighth session, on a 2-core Intel Xeon (family 6 model 207, AVX512-BF16 without AMX in the
-// VM): one VDPBF16PS zmm took ~2.2 cycles (latency ~8), an FMA ~0.54 (latency 4): the pair dot ran at
-// half the FMA's flop rate (`peak_bf16_dot` 171 against `peak_f32_fma` 345 GFLOP/s), where on Zen 4 it
-// runs at twice it (460 against 230). Each round of the probe times 2000 x 12 of each instruction, the
-// best of 5 rounds (~0.1 ms in all on either CPU); bf16_dot_cost() is the ratio of the two times and the
-// pair dot counts as slow above 2.5 (by those peaks 1.0 on Zen 4; 3.9 read on that Xeon).
 // Does VDPBF16PS compute what the FMA bodies do: per lane the high halves' product added, then the low
 // halves', each rounded to nearest even, under DAZ and FTZ? Checked on 512 lanes of pseudo-random
 // operands (every bit pattern's exponent, so denormals, infinities and NaNs among them; NaNs compare as
@@ -176,6 +170,12 @@ __attribute__((target("avx512f,avx512bf16"))) bool bf16_dot_is_two_fmas() {
   return same;
 }
 
+// Thirty-eighth session, on a 2-core Intel Xeon (family 6 model 207, AVX512-BF16 without AMX in the
+// VM): one VDPBF16PS zmm took ~2.2 cycles (latency ~8), an FMA ~0.54 (latency 4): the pair dot ran at
+// half the FMA's flop rate (`peak_bf16_dot` 171 against `peak_f32_fma` 345 GFLOP/s), where on Zen 4 it
+// runs at twice it (460 against 230). Each round of the probe times 2000 x 12 of each instruction, the
+// best of 5 rounds (~0.1 ms in all on either CPU); bf16_dot_cost() is the ratio of the two times and the
+// pair dot counts as slow above 2.5 (by those peaks 1.0 on Zen 4; 3.9 read on that Xeon).
 double bf16_dot_cost() {
   static const double v = [] {
     if (!cpu_has_avx512bf16()) return 0.0;
